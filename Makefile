@@ -1,0 +1,51 @@
+# The two commands a new user needs: `make demo` and `make test`. Both build .venv themselves.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# A bare `torch` requirement can pull a multi-GB CUDA build; where no NVIDIA GPU is present,
+# install the CPU build first so the project's own requirement is already satisfied.
+HAS_NVIDIA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+TORCH_VERSION ?= 2.13.0
+
+.PHONY: venv demo test lint typecheck unit fmt clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml setup.py
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+ifeq ($(HAS_NVIDIA),1)
+	$(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)"
+else
+	$(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)" --index-url https://download.pytorch.org/whl/cpu 2>/dev/null \
+	  || $(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)"
+endif
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+demo: venv
+	$(BIN)/python -m distronet.node.demo
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: venv
+	@rm -rf .typecheck && mkdir -p .typecheck/distronet
+	@for d in node protocol coordinator kernels dashboard; do ln -s ../../$$d .typecheck/distronet/$$d; done
+	cd .typecheck && MYPYPATH=. ../$(BIN)/mypy --config-file ../pyproject.toml --namespace-packages --explicit-package-bases -p distronet
+
+test: venv lint typecheck
+	$(BIN)/python -m pytest -q
+
+unit: venv
+	$(BIN)/python -m pytest -q tests/unit
+
+fmt: venv
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+clean:
+	rm -rf $(VENV) .typecheck build *.egg-info

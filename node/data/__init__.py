@@ -1,0 +1,1 @@
+"""Built-in corpus and token shards."""

@@ -1,0 +1,24 @@
+"""The console scripts exist and answer --help."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from distronet.node.cli import build_parser
+
+
+def test_every_subcommand_is_registered() -> None:
+    parser = build_parser()
+    help_text = parser.format_help()
+    for name in ("join", "data", "bench"):
+        assert name in help_text
+
+
+@pytest.mark.parametrize("module", ["distronet.node.cli", "distronet.coordinator.cli"])
+def test_console_script_help(module: str) -> None:
+    out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "usage" in out.stdout

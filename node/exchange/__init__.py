@@ -1,0 +1,1 @@
+"""Packet exchange: the optimizer's view of the network (``base``), in-memory swarm, faulty wrapper."""

@@ -1,0 +1,181 @@
+"""Chunked orthonormal DCT-II and its exact inverse, torch backend (CPU, CUDA, MPS).
+
+Chunking follows :mod:`distronet.kernels.layout`. Each chunk is transformed with the
+orthonormal DCT-II basis ``D`` (``D[k, j] = a_k cos(pi (2j + 1) k / 2b)``, ``a_0 = sqrt(1/b)``,
+``a_k = sqrt(2/b)``): a 1-D run ``x`` becomes ``D x``, a 2-D block ``X`` becomes ``D_r X D_c^T``.
+The inverse applies the transposes. Both are exact up to floating-point rounding.
+
+Two orders of coefficient storage appear here:
+
+* **chunk order** ``(n_chunks, chunk_numel)``, the public one (what top-k and the wire use);
+* **spatial order**, internal: coefficients kept where their block sits in the padded tensor,
+  shape ``(B, Rp, Cp)`` for rank >= 2 and ``(g, b)`` for rank <= 1. The transforms work in
+  spatial order with two large matrix products and no copy; converting to chunk order costs
+  one permuted copy, which the fused paths in ``topk``/``decode`` avoid.
+
+Floating dtypes float32 and float64 are computed in their own precision; float16 and bfloat16
+inputs are computed (and returned) in float32.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from distronet.kernels.layout import ChunkLayout
+from distronet.protocol.errors import KernelError
+
+__all__ = [
+    "chunks_from_spatial",
+    "dct_basis",
+    "dct_chunks",
+    "dct_spatial",
+    "idct_chunks",
+    "idct_spatial",
+    "spatial_from_chunks",
+    "spatial_index",
+    "work_dtype",
+]
+
+
+def basis_numpy(n: int) -> np.ndarray:
+    """The ``(n, n)`` orthonormal DCT-II matrix in float64 (row ``k`` is basis function ``k``)."""
+    j = np.arange(n, dtype=np.float64)
+    d = np.cos(np.pi * (2.0 * j[None, :] + 1.0) * j[:, None] / (2.0 * n))
+    d[0] *= math.sqrt(1.0 / n)
+    d[1:] *= math.sqrt(2.0 / n)
+    return d
+
+
+@functools.lru_cache(maxsize=64)
+def dct_basis(n: int, dtype: torch.dtype = torch.float32, device: torch.device | None = None) -> torch.Tensor:
+    """The cached ``(n, n)`` orthonormal DCT-II matrix for ``(n, dtype, device)``. Do not modify it."""
+    return torch.tensor(basis_numpy(n), dtype=dtype, device=device)
+
+
+def work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the transforms compute in for an input of ``dtype``.
+
+    Raises:
+        KernelError: ``dtype`` is not a floating dtype.
+    """
+    if dtype in (torch.float32, torch.float64):
+        return dtype
+    if dtype in (torch.float16, torch.bfloat16):
+        return torch.float32
+    raise KernelError(f"the DCT needs a floating tensor, got {dtype}")
+
+
+def _check_shape(t: torch.Tensor, shape: tuple[int, ...], what: str) -> None:
+    if tuple(t.shape) != shape:
+        raise KernelError(f"{what} has shape {tuple(t.shape)}, the layout expects {shape}")
+
+
+def _bases(layout: ChunkLayout, dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
+    return [dct_basis(b, dtype, device) for b in layout.block]
+
+
+def dct_spatial(x: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
+    """DCT of every chunk of ``x`` (shape ``layout.shape``), coefficients in spatial order.
+
+    Returns ``(g, b)`` for rank <= 1, ``(B, Rp, Cp)`` for rank >= 2. Cost: two matrix products,
+    ``2 * n_coefficients * sum(block)`` flops; a padded copy only when the layout pads.
+    """
+    _check_shape(x, layout.shape, "tensor")
+    x = x.to(work_dtype(x.dtype))
+    bases = _bases(layout, x.dtype, x.device)
+    if len(layout.block) == 1:
+        (g,), (b,) = layout.grid, layout.block
+        v = x.reshape(-1)
+        if layout.is_padded:
+            v = F.pad(v, (0, g * b - v.numel()))
+        return v.view(g, b) @ bases[0].T
+    (gr, _gc), (br, bc) = layout.grid, layout.block
+    (r, c), (rp, cp) = layout.core, layout.padded
+    x3 = x.reshape(layout.batch, r, c)
+    if layout.is_padded:
+        x3 = F.pad(x3, (0, cp - c, 0, rp - r))
+    # Column transform of every block at once: rows of bc along the last dim, one GEMM.
+    z = (x3.reshape(-1, bc) @ bases[1].T).view(layout.batch * gr, br, cp)
+    # Row transform: D_r @ (br, Cp) slab per block row, one batched GEMM.
+    return torch.matmul(bases[0], z).view(layout.batch, rp, cp)
+
+
+def idct_spatial(y: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
+    """Inverse of :func:`dct_spatial`: spatial-order coefficients to a tensor of ``layout.shape``.
+
+    Padding is dropped. Cost: as :func:`dct_spatial`.
+    """
+    y = y.to(work_dtype(y.dtype))
+    bases = _bases(layout, y.dtype, y.device)
+    if len(layout.block) == 1:
+        _check_shape(y, (layout.grid[0], layout.block[0]), "coefficients")
+        v = (y @ bases[0]).reshape(-1)
+        return v[: layout.numel].reshape(layout.shape)
+    (gr, _gc), (br, bc) = layout.grid, layout.block
+    (r, c), (rp, cp) = layout.core, layout.padded
+    _check_shape(y, (layout.batch, rp, cp), "coefficients")
+    z = (y.reshape(-1, bc) @ bases[1]).view(layout.batch * gr, br, cp)
+    x3 = torch.matmul(bases[0].T, z).view(layout.batch, rp, cp)
+    if layout.is_padded:
+        x3 = x3[:, :r, :c]
+    return x3.reshape(layout.shape)
+
+
+def _block_view(y: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
+    """``(B, Rp, Cp)`` spatial coefficients viewed as ``(B, gr, gc, br, bc)`` (no copy)."""
+    (gr, gc), (br, bc) = layout.grid, layout.block
+    return y.view(layout.batch, gr, br, gc, bc).permute(0, 1, 3, 2, 4)
+
+
+def chunks_from_spatial(y: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
+    """Spatial-order coefficients to chunk order ``(n_chunks, chunk_numel)`` (one copy for rank >= 2)."""
+    if len(layout.block) == 1:
+        return y
+    return _block_view(y, layout).reshape(layout.n_chunks, layout.chunk_numel)
+
+
+def spatial_from_chunks(c: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
+    """Chunk-order coefficients to spatial order (one copy for rank >= 2)."""
+    _check_shape(c, (layout.n_chunks, layout.chunk_numel), "coefficients")
+    if len(layout.block) == 1:
+        return c
+    (gr, gc), (br, bc) = layout.grid, layout.block
+    blocks = c.reshape(layout.batch, gr, gc, br, bc).permute(0, 1, 3, 2, 4)
+    return blocks.reshape(layout.batch, *layout.padded)
+
+
+def spatial_index(idx: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
+    """Flat spatial-order positions of chunk-order indices ``idx`` ``(n_chunks, k)`` (int64)."""
+    if len(layout.block) == 1:
+        b = layout.block[0]
+        return idx + torch.arange(layout.n_chunks, device=idx.device).unsqueeze(1) * b
+    (_gr, gc), (br, bc) = layout.grid, layout.block
+    n = torch.arange(layout.n_chunks, device=idx.device)
+    row_block, col_block = n // gc, n % gc  # row_block runs over (batch, gr) jointly
+    base = row_block * (br * gc * bc) + col_block * bc
+    u, v = idx // bc, idx % bc
+    return base.unsqueeze(1) + u * (gc * bc) + v
+
+
+def dct_chunks(x: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
+    """Orthonormal DCT-II of every chunk of ``x``: ``(n_chunks, chunk_numel)``, chunk order.
+
+    Raises:
+        KernelError: ``x`` does not have ``layout.shape`` or is not floating.
+    """
+    return chunks_from_spatial(dct_spatial(x, layout), layout)
+
+
+def idct_chunks(c: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
+    """Exact inverse of :func:`dct_chunks`: ``(n_chunks, chunk_numel)`` to ``layout.shape``.
+
+    Raises:
+        KernelError: ``c`` is not ``(n_chunks, chunk_numel)`` or is not floating.
+    """
+    work_dtype(c.dtype)
+    return idct_spatial(spatial_from_chunks(c, layout), layout)

@@ -1,0 +1,100 @@
+"""Decode-sum: equals the dense top-k reconstruction, is linear, dense == sparse, numpy parity."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from distronet.kernels import numpy_ref
+from distronet.kernels.dct import dct_chunks, idct_chunks
+from distronet.kernels.decode import choose_method, decode_sum, scatter_sum
+from distronet.kernels.layout import plan_layout
+from distronet.kernels.topk import dct_topk
+from distronet.protocol.errors import KernelError
+
+SHAPES = [(), (7,), (200,), (67,), (3, 5), (128, 96), (67, 131), (2, 3, 20, 70)]
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("method", ["dense", "sparse", "auto"])
+def test_decode_encode_is_dense_topk_reconstruction(shape: tuple[int, ...], method: str) -> None:
+    lay = plan_layout(shape, 16)
+    k = min(4, lay.chunk_numel)
+    x = torch.randn(shape, generator=_gen(5))
+    idx, val = dct_topk(x, lay, k)
+    # The dense top-k reconstruction: keep the k largest |c| per chunk, zero the rest, invert.
+    c = dct_chunks(x.double(), lay)
+    keep = c.abs() >= c.abs().topk(k, dim=1).values[:, -1:]
+    expected = idct_chunks(c * keep, lay)
+    got = decode_sum(lay, [(idx, val)], method=method)  # type: ignore[arg-type]
+    assert got.dtype == torch.float32 and got.shape == x.shape
+    torch.testing.assert_close(got.double(), expected, atol=2e-6, rtol=0)
+
+
+@pytest.mark.parametrize("shape", [(200,), (128, 96), (2, 3, 20, 70)])
+def test_decode_sum_is_sum_of_decodes(shape: tuple[int, ...]) -> None:
+    lay = plan_layout(shape, 16)
+    parts = [dct_topk(torch.randn(shape, generator=_gen(i)), lay, 1 + i % 5) for i in range(6)]
+    singles = sum(decode_sum(lay, [p]) for p in parts)
+    for method in ("dense", "sparse"):
+        torch.testing.assert_close(decode_sum(lay, parts, method=method), singles, atol=1e-5, rtol=0)  # type: ignore[arg-type]
+    # Coefficient space too, and numpy agrees.
+    want = numpy_ref.scatter_sum(lay, [(i.numpy(), v.numpy()) for i, v in parts])
+    np.testing.assert_allclose(scatter_sum(lay, parts).numpy(), want, atol=1e-6)
+    np_dec = numpy_ref.decode_sum(lay, [(i.numpy(), v.numpy()) for i, v in parts])
+    np.testing.assert_allclose(decode_sum(lay, parts).numpy(), np_dec, atol=1e-5)
+
+
+def test_overlapping_indices_add() -> None:
+    lay = plan_layout((16, 16), 16)
+    idx = torch.tensor([[3, 7]])
+    val = torch.tensor([[1.0, 2.0]])
+    buf = scatter_sum(lay, [(idx, val), (idx, val)])
+    assert buf[0, 3] == 2.0 and buf[0, 7] == 4.0
+    torch.testing.assert_close(decode_sum(lay, [(idx, val)] * 2), 2 * decode_sum(lay, [(idx, val)]))
+
+
+def test_no_parts_decodes_to_zeros() -> None:
+    lay = plan_layout((5, 6), 4)
+    assert bool((decode_sum(lay, []) == 0).all())
+    assert decode_sum(lay, []).shape == (5, 6)
+
+
+def test_choose_method_by_total_k() -> None:
+    lay = plan_layout((128, 128), 64)
+    assert choose_method(lay, 4) == "sparse"
+    assert choose_method(lay, 16 * 32) == "dense"
+
+
+def test_float64_parts_decode_in_float64() -> None:
+    lay = plan_layout((32, 32), 8)
+    idx, val = dct_topk(torch.randn(32, 32, dtype=torch.float64), lay, 3)
+    assert decode_sum(lay, [(idx, val)]).dtype == torch.float64
+    assert decode_sum(lay, [(idx, val)], dtype=torch.float32).dtype == torch.float32
+
+
+def test_bad_parts_raise() -> None:
+    lay = plan_layout((8, 8), 4)  # 4 chunks of 16
+    good = (torch.zeros(4, 2, dtype=torch.int64), torch.zeros(4, 2))
+    bad = [
+        (torch.zeros(4, 2, dtype=torch.int32), torch.zeros(4, 2)),  # index dtype
+        (torch.zeros(3, 2, dtype=torch.int64), torch.zeros(3, 2)),  # chunk count
+        (torch.zeros(4, 2, dtype=torch.int64), torch.zeros(4, 3)),  # val shape
+        (torch.full((4, 2), 16, dtype=torch.int64), torch.zeros(4, 2)),  # index out of range
+        (torch.full((4, 2), -1, dtype=torch.int64), torch.zeros(4, 2)),  # negative index
+        (torch.zeros(4, 2, dtype=torch.int64), torch.zeros(4, 2, dtype=torch.int64)),  # int values
+    ]
+    for part in bad:
+        with pytest.raises(KernelError):
+            decode_sum(lay, [good, part])
+        with pytest.raises(KernelError):
+            scatter_sum(lay, [part])
+    with pytest.raises(KernelError):
+        decode_sum(lay, [good], method="fft")  # type: ignore[arg-type]
+    with pytest.raises(KernelError):
+        numpy_ref.scatter_sum(lay, [(np.full((4, 2), 99), np.zeros((4, 2)))])

@@ -1,0 +1,158 @@
+"""Round trips of the payload codec: every value coding x index coding x k, bit-exact values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from distronet.kernels.coding import (
+    IndexCoding,
+    ValueCoding,
+    decode_payload,
+    encode_payload,
+    encode_tensor,
+)
+from distronet.kernels.coding_index import fixed_width
+from distronet.protocol.errors import KernelError
+
+
+def _topk(rng: np.random.Generator, n: int, cn: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    idx = np.sort(np.argsort(rng.random((n, cn)), axis=1)[:, :k], axis=1)
+    val = (rng.standard_normal((n, k)) * 10.0 ** rng.uniform(-6, 1, (n, 1))).astype(np.float32)
+    return idx.astype(np.int64), val
+
+
+CASES = [(4096, 1), (4096, 4), (4096, 32), (4096, 4096), (64, 1), (64, 4), (64, 64), (1, 1), (7, 3), (49, 5)]
+
+
+@pytest.mark.parametrize("vc", list(ValueCoding))
+@pytest.mark.parametrize("ic", list(IndexCoding))
+@pytest.mark.parametrize(("cn", "k"), CASES)
+@pytest.mark.parametrize("n", [1, 6])
+def test_round_trip_bit_exact(vc: ValueCoding, ic: IndexCoding, cn: int, k: int, n: int) -> None:
+    rng = np.random.default_rng(cn * 1000 + k + n)
+    idx, val = _topk(rng, n, cn, k)
+    enc, deq = encode_tensor(2, idx, val, cn, vc, ic)
+    data = encode_payload([enc])
+    (dec,) = decode_payload(data, [(9, 16), (1, 1), (n, cn)])
+    assert dec.tensor_id == 2
+    np.testing.assert_array_equal(dec.idx, idx)
+    assert dec.val.dtype == np.float32 and dec.val.tobytes() == deq.tobytes()
+
+
+def test_dequantised_values_are_close() -> None:
+    rng = np.random.default_rng(1)
+    idx, val = _topk(rng, 50, 4096, 32)
+    for vc, rtol in [(ValueCoding.FP32, 0), (ValueCoding.FP16, 1e-3), (ValueCoding.BF16, 8e-3)]:
+        _, deq = encode_tensor(0, idx, val, 4096, vc, IndexCoding.FIXED)
+        np.testing.assert_allclose(deq, val, rtol=rtol, atol=1e-7 if vc == ValueCoding.FP16 else 0)
+    _, deq = encode_tensor(0, idx, val, 4096, ValueCoding.INT8, IndexCoding.FIXED)
+    err = np.abs(deq - val).max(axis=1) / np.abs(val).max(axis=1)
+    assert (err < 0.5 / 127 * 1.1 + 1e-6).all()
+    _, deq = encode_tensor(0, idx, val, 4096, ValueCoding.SIGN1, IndexCoding.FIXED)
+    assert (np.sign(deq) == np.where(val < 0, -1, 1)).all()
+    scale = np.abs(deq)[:, 0]
+    np.testing.assert_allclose(scale, np.abs(val).mean(axis=1), rtol=0.05)
+
+
+def test_unsorted_input_keeps_caller_order() -> None:
+    rng = np.random.default_rng(2)
+    idx, val = _topk(rng, 4, 4096, 8)
+    perm = rng.permuted(np.tile(np.arange(8), (4, 1)), axis=1)
+    uidx, uval = np.take_along_axis(idx, perm, 1), np.take_along_axis(val, perm, 1)
+    enc, deq = encode_tensor(0, uidx, uval, 4096, ValueCoding.FP16, IndexCoding.ENTROPY)
+    (dec,) = decode_payload(encode_payload([enc]), [(4, 4096)])
+    np.testing.assert_array_equal(dec.idx, idx)
+    np.testing.assert_array_equal(np.take_along_axis(dec.val, perm, 1), deq)
+
+
+def test_many_tensors_any_subset_and_order() -> None:
+    rng = np.random.default_rng(3)
+    layouts = [(3, 4096), (2, 64), (5, 4096), (1, 64)]
+    encs, want = [], {}
+    for tid in (3, 0, 2):
+        n, cn = layouts[tid]
+        k = [4, 0, 32, 64][tid]
+        idx, val = _topk(rng, n, cn, k)
+        enc, deq = encode_tensor(tid, idx, val, cn, ValueCoding.SIGN1, IndexCoding.ENTROPY)
+        encs.append(enc)
+        want[tid] = (idx, deq)
+    out = decode_payload(encode_payload(encs), layouts)
+    assert [t.tensor_id for t in out] == [0, 2, 3]
+    for t in out:
+        np.testing.assert_array_equal(t.idx, want[t.tensor_id][0])
+        np.testing.assert_array_equal(t.val, want[t.tensor_id][1])
+    assert decode_payload(encode_payload([]), layouts) == []
+
+
+def test_fixed_width_is_minimal() -> None:
+    assert [fixed_width(c) for c in (1, 2, 3, 4, 5, 64, 65, 4096, 4097)] == [0, 1, 2, 2, 3, 6, 7, 12, 13]
+    rng = np.random.default_rng(4)
+    idx, val = _topk(rng, 10, 4096, 4)
+    enc, _ = encode_tensor(0, idx, val, 4096, ValueCoding.FP32, IndexCoding.FIXED)
+    assert len(enc.index_section) == (10 * 4 * 12 + 7) // 8
+    dense, _ = encode_tensor(
+        0,
+        np.tile(np.arange(64), (2, 1)),
+        np.ones((2, 64), np.float32),
+        64,
+        ValueCoding.FP32,
+        IndexCoding.ENTROPY,
+    )
+    assert dense.index_section == b""
+
+
+def test_entropy_beats_fixed_on_low_frequency_indices() -> None:
+    rng = np.random.default_rng(5)
+    n, s, k = 64, 64, 32
+    # energy decaying with frequency radius, like DCT coefficients of smooth momentum
+    u, v = np.divmod(np.arange(s * s), s)
+    energy = 1.0 / (1.0 + u + v) ** 1.5
+    coef = rng.standard_normal((n, s * s)) * energy
+    idx = np.sort(np.argsort(-np.abs(coef), axis=1)[:, :k], axis=1)
+    val = np.take_along_axis(coef, idx, 1).astype(np.float32)
+    fixed, _ = encode_tensor(0, idx, val, s * s, ValueCoding.SIGN1, IndexCoding.FIXED)
+    ent, _ = encode_tensor(0, idx, val, s * s, ValueCoding.SIGN1, IndexCoding.ENTROPY)
+    assert len(ent.index_section) < 0.75 * len(fixed.index_section)
+    # and never worse than fixed width (+ its 2-byte header) on uniform indices
+    uidx, uval = _topk(rng, n, s * s, k)
+    uf, _ = encode_tensor(0, uidx, uval, s * s, ValueCoding.SIGN1, IndexCoding.FIXED)
+    ue, _ = encode_tensor(0, uidx, uval, s * s, ValueCoding.SIGN1, IndexCoding.ENTROPY)
+    assert len(ue.index_section) <= len(uf.index_section) + 2
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_encode_rejects_non_finite(bad: float) -> None:
+    val = np.ones((2, 4), np.float32)
+    val[1, 2] = bad
+    with pytest.raises(KernelError):
+        encode_tensor(0, np.tile(np.arange(4), (2, 1)), val, 64, ValueCoding.SIGN1, IndexCoding.FIXED)
+
+
+def test_encode_rejects_bad_arguments() -> None:
+    ok_idx, ok_val = np.tile(np.arange(4), (2, 1)), np.ones((2, 4), np.float32)
+    with pytest.raises(KernelError):
+        encode_tensor(0, ok_idx, ok_val, 3, ValueCoding.FP32, IndexCoding.FIXED)  # k > chunk
+    with pytest.raises(KernelError):
+        encode_tensor(0, ok_idx + 61, ok_val, 64, ValueCoding.FP32, IndexCoding.FIXED)  # out of range
+    with pytest.raises(KernelError):
+        encode_tensor(0, np.zeros((2, 4), np.int64), ok_val, 64, ValueCoding.FP32, IndexCoding.FIXED)
+    with pytest.raises(KernelError):
+        encode_tensor(0, ok_idx, ok_val[:, :3], 64, ValueCoding.FP32, IndexCoding.FIXED)
+    a, _ = encode_tensor(1, ok_idx, ok_val, 64, ValueCoding.FP32, IndexCoding.FIXED)
+    b, _ = encode_tensor(1, ok_idx, ok_val, 64, ValueCoding.FP32, IndexCoding.FIXED)
+    c, _ = encode_tensor(2, ok_idx, ok_val, 64, ValueCoding.FP16, IndexCoding.FIXED)
+    with pytest.raises(KernelError):
+        encode_payload([a, b])
+    with pytest.raises(KernelError):
+        encode_payload([a, c])
+
+
+def test_zero_chunks_and_extreme_magnitudes() -> None:
+    idx = np.tile(np.arange(4), (3, 1))
+    val = np.array([[0, 0, 0, 0], [1e-30, -1e-30, 0, 0], [3e38, -3e38, 1, 0]], np.float32)
+    for vc in ValueCoding:
+        enc, deq = encode_tensor(0, idx, val, 64, vc, IndexCoding.FIXED)
+        (dec,) = decode_payload(encode_payload([enc]), [(3, 64)])
+        assert np.isfinite(deq).all() and dec.val.tobytes() == deq.tobytes()
+        assert (deq[0] == 0).all()

@@ -1,0 +1,319 @@
+"""The HTTP face of the coordinator: one route table, one request pipeline, aiohttp underneath.
+
+Pipeline of every call (:meth:`CoordinatorApp._wrap`): declared body size (413) -> auth
+(operator bearer 401/403, or signed request 401/403) -> per-client rate limit (429) -> body
+read within the route's limit (413) -> signature and nonce (403) -> JSON + schema (400/415) ->
+operation -> wait until its writes are durable -> JSON answer. Errors are typed JSON bodies
+(:func:`distronet.protocol.coordinator_api.error_body`); nothing unexpected becomes a bare 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from distronet.coordinator import handlers
+from distronet.coordinator.auth import NonceCache, RateLimiter, check_bearer, parse_signed, verify_signed
+from distronet.coordinator.config import CoordinatorConfig
+from distronet.coordinator.events import EventBus
+from distronet.coordinator.groupcommit import GroupCommitter
+from distronet.coordinator.metrics import Metrics
+from distronet.coordinator.openapi import build_openapi
+from distronet.coordinator.service import Coordinator
+from distronet.coordinator.store import Store, open_store
+from distronet.protocol import coordinator_api as api
+from distronet.protocol.coordinator_api import API_PREFIX, ApiError, ApiErrorCode, Schema, error_body
+
+__all__ = ["ROUTES", "CoordinatorApp", "Ctx", "Route"]
+
+log = logging.getLogger(__name__)
+VERSION = "0.1.0"
+
+
+@dataclass(frozen=True)
+class Route:
+    """One API route. ``auth`` is none|operator|signed; ``limit`` is node|operator (body size)."""
+
+    method: str
+    path: str
+    name: str
+    auth: str
+    schema: Schema | None
+    summary: str
+    limit: str = "node"
+    raw: bool = False  # the handler builds its own response (SSE, files, metrics)
+
+    @property
+    def full_path(self) -> str:
+        return self.path if self.path.startswith("/metrics") else API_PREFIX + self.path
+
+
+@dataclass(slots=True)
+class Ctx:
+    """What the pipeline hands an operation."""
+
+    request: web.Request
+    body: dict[str, Any]
+    peer: str | None
+
+
+R = Route
+ROUTES: list[Route] = [
+    R("GET", "/openapi.json", "openapi", "none", None, "This document."),
+    R("GET", "/health", "health", "none", None, "Liveness and storage state."),
+    R("GET", "/runs", "list_runs", "none", None, "Ids of every run."),
+    R("POST", "/runs", "create_run", "operator", api.CREATE_RUN, "Create a run.", limit="operator"),
+    R("GET", "/runs/{run_id}", "get_run", "none", None, "A run's definition and progress (what join reads)."),
+    R("POST", "/runs/{run_id}/close", "close_run", "operator", api.EMPTY, "Stop leasing new shards."),
+    R(
+        "POST",
+        "/runs/{run_id}/join-tokens",
+        "join_tokens",
+        "operator",
+        api.CREATE_TOKENS,
+        "Mint join tokens.",
+    ),
+    R("POST", "/runs/{run_id}/nodes/{peer_id}/evict", "evict", "operator", api.EVICT, "Evict a node."),
+    R("GET", "/runs/{run_id}/nodes", "nodes", "none", None, "Every node of the run."),
+    R("GET", "/runs/{run_id}/leaderboard", "leaderboard", "none", None, "Contribution ledger, best first."),
+    R("GET", "/runs/{run_id}/events", "events", "none", None, "Server-sent events of the run.", raw=True),
+    R(
+        "GET",
+        "/runs/{run_id}/shards/{shard_id}",
+        "shard",
+        "none",
+        None,
+        "A data shard (HTTP Range).",
+        raw=True,
+    ),
+    R("GET", "/runs/{run_id}/leases/{unit}", "lease_state", "none", None, "The state of one shard unit."),
+    R(
+        "POST",
+        "/runs/{run_id}/challenge",
+        "challenge",
+        "none",
+        api.CHALLENGE,
+        "A challenge to sign for join.",
+    ),
+    R("POST", "/runs/{run_id}/join", "join", "none", api.JOIN, "Join with a signed challenge."),
+    R("POST", "/runs/{run_id}/leases", "lease", "signed", api.LEASE, "Lease shards."),
+    R("POST", "/runs/{run_id}/leases/{unit}/renew", "renew", "signed", api.LEASE_TOKEN, "Renew a lease."),
+    R(
+        "POST",
+        "/runs/{run_id}/leases/{unit}/complete",
+        "complete",
+        "signed",
+        api.LEASE_TOKEN,
+        "Complete a lease.",
+    ),
+    R("POST", "/runs/{run_id}/heartbeat", "heartbeat", "signed", api.HEARTBEAT, "Liveness, step, loss."),
+    R("POST", "/runs/{run_id}/receipts", "receipts", "signed", api.RECEIPTS, "Signed packet receipts."),
+    R("POST", "/runs/{run_id}/leave", "leave", "signed", api.EMPTY, "Leave the run, giving leases back."),
+    R("GET", "/metrics", "metrics", "none", None, "Prometheus metrics.", raw=True),
+]
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _parse_json(body: bytes) -> Any:
+    if not body:
+        return {}
+    try:
+        return json.loads(body, parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        raise ApiError(ApiErrorCode.MALFORMED, "body is not valid JSON (UTF-8, no NaN/Infinity)") from None
+
+
+def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        body=json.dumps(obj, separators=(",", ":")).encode(),
+        status=status,
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+class CoordinatorApp:
+    """The service, its store and its aiohttp application. ``await start()`` then serve ``web``."""
+
+    def __init__(
+        self, cfg: CoordinatorConfig, store: Store | None = None, *, clock: Callable[[], float] = time.time
+    ):
+        self.cfg = cfg
+        self.clock = clock
+        self.store = store if store is not None else open_store(cfg.db_url(), **self._store_opts(cfg))
+        self.events = EventBus()
+        self.committer = GroupCommitter(self.store, on_fatal=self._fatal, on_commit=self._on_commit)
+        self.svc = Coordinator(self.committer, self.events, clock=clock)
+        self.metrics = Metrics(self.svc)
+        self.nonces = NonceCache(2 * cfg.clock_skew_s)
+        self.peer_limits = RateLimiter(cfg.peer_rate, cfg.peer_burst)
+        self.ip_limits = RateLimiter(cfg.ip_rate, cfg.ip_burst)
+        self.started_ms = int(clock() * 1000)
+        self.closing = False
+        self.fatal = asyncio.Event()
+        self._sweeper: asyncio.Task[None] | None = None
+        self.web = web.Application(client_max_size=cfg.operator_body_limit, middlewares=[self._errors])
+        for r in ROUTES:
+            self.web.router.add_route(r.method, r.full_path, self._wrap(r), name=r.name)
+        self.web.on_shutdown.append(self._on_shutdown)
+        self.web.on_cleanup.append(self._on_cleanup)
+        self.openapi = build_openapi(ROUTES, VERSION)
+
+    @staticmethod
+    def _store_opts(cfg: CoordinatorConfig) -> dict[str, Any]:
+        return {"synchronous": cfg.sqlite_sync} if cfg.db_url().startswith("sqlite:") else {}
+
+    async def start(self) -> None:
+        """Open and migrate the store, rebuild memory from it, start the writer and the sweeper."""
+        await self.store.open()
+        self.svc.restore(await self.store.load())
+        self.started_ms = int(self.clock() * 1000)
+        self.committer.start()
+        self._sweeper = asyncio.create_task(self._sweep_loop(), name="coordinator-sweep")
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.sweep_interval_s)
+            try:
+                self.svc.sweep()
+            except ApiError:
+                return  # storage failed; _fatal handles the shutdown
+
+    def _fatal(self, exc: BaseException) -> None:
+        self.fatal.set()
+
+    def _on_commit(self, rows: int, seconds: float) -> None:
+        self.metrics.on_commit(rows, seconds)
+
+    async def _on_shutdown(self, _app: web.Application) -> None:
+        self.closing = True
+        self.events.close_all()
+
+    async def _on_cleanup(self, _app: web.Application) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Stop the sweeper, commit what is staged, close the store. Idempotent."""
+        self.closing = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
+        await self.committer.close()
+        await self.store.close()
+
+    # ---------------------------------------------------------------- pipeline
+
+    @web.middleware
+    async def _errors(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        route = request.match_info.route.name or "unmatched"
+        t0 = time.perf_counter()
+        try:
+            resp = await handler(request)
+        except ApiError as e:
+            resp = json_response(e.body(), e.code.http_status, _retry_after(e))
+        except web.HTTPException as e:
+            code = {
+                404: ApiErrorCode.NOT_FOUND,
+                405: ApiErrorCode.METHOD_NOT_ALLOWED,
+                413: ApiErrorCode.TOO_LARGE,
+            }
+            c = code.get(e.status)
+            if c is None:
+                raise
+            resp = json_response(error_body(c, e.reason or c.value), e.status)
+        except Exception:
+            log.exception("unexpected error in %s %s", request.method, request.path)
+            resp = json_response(
+                error_body(ApiErrorCode.INTERNAL, "internal error; see the coordinator log"), 500
+            )
+        self.metrics.requests.labels(route, str(resp.status)).inc()
+        self.metrics.latency.labels(route).observe(time.perf_counter() - t0)
+        return resp
+
+    def _wrap(self, r: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        op = getattr(handlers, r.name)
+        limit = self.cfg.node_body_limit if r.limit == "node" else self.cfg.operator_body_limit
+        is_post = r.method == "POST"
+
+        async def handle(request: web.Request) -> web.StreamResponse:
+            if self.closing:
+                raise ApiError(ApiErrorCode.UNAVAILABLE, "the coordinator is shutting down; retry shortly")
+            cl = request.content_length
+            if cl is not None and cl > limit:
+                raise ApiError(ApiErrorCode.TOO_LARGE, f"body of {cl} bytes is over this route's {limit}")
+            peer: str | None = None
+            if r.auth == "signed":
+                now = self.clock()
+                h = parse_signed(
+                    request.headers, skew_s=self.cfg.clock_skew_s, not_before_ms=self.started_ms, now=now
+                )
+                self._limit(self.peer_limits, h.peer)
+                body = await self._read(request, limit) if is_post else b""
+                verify_signed(h, request.method, request.path_qs, body)
+                self.nonces.check_and_add(h.peer, h.nonce, now)
+                peer = h.peer
+            elif r.auth == "operator":
+                try:
+                    check_bearer(request.headers.get("Authorization"), self.cfg.operator_token)
+                except ApiError:
+                    self._limit(self.ip_limits, request.remote or "?")
+                    raise
+                body = await self._read(request, limit) if is_post else b""
+            else:
+                self._limit(self.ip_limits, request.remote or "?")
+                body = await self._read(request, limit) if is_post else b""
+            parsed: dict[str, Any] = {}
+            if r.schema is not None:
+                if body and request.content_type != "application/json":
+                    raise ApiError(ApiErrorCode.UNSUPPORTED_MEDIA, "send the body as application/json")
+                parsed = r.schema.validate(_parse_json(body))
+            result = op(self, Ctx(request, parsed, peer))
+            if r.raw:
+                return await result  # type: ignore[no-any-return]
+            status, obj = result
+            await self.committer.durable()
+            return json_response(obj, status)
+
+        return handle
+
+    @staticmethod
+    def _limit(limiter: RateLimiter, key: str) -> None:
+        wait = limiter.retry_after(key)
+        if wait > 0:
+            raise ApiError(ApiErrorCode.RATE_LIMITED, f"too many requests; retry in {wait:.2f} s")
+
+    @staticmethod
+    async def _read(request: web.Request, limit: int) -> bytes:
+        buf = bytearray()
+        async for chunk in request.content.iter_any():
+            buf += chunk
+            if len(buf) > limit:
+                raise ApiError(ApiErrorCode.TOO_LARGE, f"body is over this route's {limit} bytes")
+        return bytes(buf)
+
+    def shard_file(self, root: str, rel: str) -> Path | None:
+        base = Path(root).resolve()
+        p = (base / rel).resolve()
+        return p if p.is_relative_to(base) and p.is_file() else None
+
+
+def _retry_after(e: ApiError) -> dict[str, str] | None:
+    if e.code is ApiErrorCode.RATE_LIMITED:
+        return {"Retry-After": "1"}
+    return None

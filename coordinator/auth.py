@@ -1,0 +1,144 @@
+"""Who may call what: the operator's bearer token, signed node requests, replay and rate limits.
+
+A signed request is accepted when its peer id parses, its time is within ``skew_s`` of ours
+(and not before this process started: nonces are remembered in memory only, so a restart
+refuses anything signed before it), the Ed25519 signature over :func:`request_message`
+verifies, and its nonce is new. The signature is checked before the nonce is recorded, so a
+forger cannot burn a peer's nonces.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+import time
+from collections import deque
+
+from distronet.protocol import identity
+from distronet.protocol.coordinator_api import (
+    HDR_NONCE,
+    HDR_PEER,
+    HDR_SIGNATURE,
+    HDR_TIME,
+    PEER_RE,
+    ApiError,
+    ApiErrorCode,
+    b64decode_sig,
+    request_message,
+)
+
+__all__ = ["NonceCache", "RateLimiter", "SignedHeaders", "check_bearer", "parse_signed", "verify_signed"]
+
+_NONCE_RE = re.compile(r"[A-Za-z0-9_-]{16,64}")
+_PEER_RE = re.compile(PEER_RE)
+
+
+def check_bearer(header: str | None, token: str | None) -> None:
+    """Raise ApiError(401) without a bearer token, (403) with a wrong one (constant-time compare)."""
+    if not header or not header.startswith("Bearer "):
+        raise ApiError(
+            ApiErrorCode.UNAUTHENTICATED, "this call needs the operator token: Authorization: Bearer …"
+        )
+    if token is None or not hmac.compare_digest(header[7:].encode(), token.encode()):
+        raise ApiError(ApiErrorCode.BAD_TOKEN, "wrong operator token")
+
+
+class SignedHeaders:
+    """The parsed signature headers of one request."""
+
+    __slots__ = ("nonce", "peer", "peer_id", "signature", "ts_ms")
+
+    def __init__(self, peer: str, peer_id: bytes, ts_ms: int, nonce: str, signature: bytes) -> None:
+        self.peer, self.peer_id, self.ts_ms, self.nonce, self.signature = (
+            peer,
+            peer_id,
+            ts_ms,
+            nonce,
+            signature,
+        )
+
+
+def parse_signed(headers: object, *, skew_s: float, not_before_ms: int, now: float) -> SignedHeaders:
+    """Check the four headers' presence, form and time window. Raises ApiError (401/403)."""
+    get = headers.get  # type: ignore[attr-defined]
+    peer, ts, nonce, sig = get(HDR_PEER), get(HDR_TIME), get(HDR_NONCE), get(HDR_SIGNATURE)
+    if peer is None or ts is None or nonce is None or sig is None:
+        raise ApiError(
+            ApiErrorCode.UNAUTHENTICATED, f"this call must be signed ({HDR_PEER}, {HDR_SIGNATURE}, …)"
+        )
+    if len(peer) > 64 or not _PEER_RE.fullmatch(peer):
+        raise ApiError(ApiErrorCode.BAD_SIGNATURE, f"{HDR_PEER} is not a peer id")
+    try:
+        peer_id = identity.peer_id_from_b58(peer)
+    except ValueError:
+        raise ApiError(ApiErrorCode.BAD_SIGNATURE, f"{HDR_PEER} is not an Ed25519 peer id") from None
+    if not (0 < len(ts) <= 16 and ts.isdigit()):
+        raise ApiError(ApiErrorCode.BAD_SIGNATURE, f"{HDR_TIME} must be milliseconds since the epoch")
+    ts_ms = int(ts)
+    if abs(ts_ms / 1000.0 - now) > skew_s or ts_ms < not_before_ms:
+        raise ApiError(
+            ApiErrorCode.STALE_REQUEST, "signed time outside the accepted window: check the clock, re-sign"
+        )
+    if not _NONCE_RE.fullmatch(nonce):
+        raise ApiError(ApiErrorCode.BAD_SIGNATURE, f"{HDR_NONCE} must be 16-64 characters of [A-Za-z0-9_-]")
+    return SignedHeaders(peer, peer_id, ts_ms, nonce, b64decode_sig(sig))
+
+
+def verify_signed(h: SignedHeaders, method: str, path: str, body: bytes) -> None:
+    """Raise ApiError(BAD_SIGNATURE) unless the signature covers this exact request."""
+    if not identity.verify(h.peer_id, request_message(method, path, h.ts_ms, h.nonce, body), h.signature):
+        raise ApiError(ApiErrorCode.BAD_SIGNATURE, "request signature does not verify for this peer id")
+
+
+class NonceCache:
+    """Nonces seen within the last ``ttl_s`` seconds, per peer. O(1) per check, pruned in order."""
+
+    def __init__(self, ttl_s: float, max_entries: int = 2_000_000) -> None:
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self._seen: set[str] = set()
+        self._order: deque[tuple[float, str]] = deque()
+
+    def check_and_add(self, peer: str, nonce: str, now: float) -> None:
+        """Raise ApiError(REPLAYED) for a nonce seen before; else remember it."""
+        order = self._order
+        while order and (order[0][0] <= now or len(order) > self.max_entries):
+            self._seen.discard(order.popleft()[1])
+        key = peer + nonce
+        if key in self._seen:
+            raise ApiError(ApiErrorCode.REPLAYED, "this nonce was already used: sign each request afresh")
+        self._seen.add(key)
+        order.append((now + self.ttl_s, key))
+
+
+class RateLimiter:
+    """Token buckets per client key: ``rate`` requests/s, bursts of ``burst``."""
+
+    def __init__(self, rate: float, burst: float, max_keys: int = 200_000) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.max_keys = max_keys
+        self._b: dict[str, list[float]] = {}
+
+    def retry_after(self, key: str, now: float | None = None) -> float:
+        """0.0 when the request may pass (and is counted); else seconds until it could."""
+        now = time.monotonic() if now is None else now
+        b = self._b.get(key)
+        if b is None:
+            if len(self._b) >= self.max_keys:
+                self._prune(now)
+            b = self._b[key] = [self.burst, now]
+        tokens = min(self.burst, b[0] + (now - b[1]) * self.rate)
+        b[1] = now
+        if tokens >= 1.0:
+            b[0] = tokens - 1.0
+            return 0.0
+        b[0] = tokens
+        return (1.0 - tokens) / self.rate
+
+    def _prune(self, now: float) -> None:
+        full = self.burst / self.rate
+        self._b = {k: v for k, v in self._b.items() if now - v[1] < full}
+        if len(self._b) >= self.max_keys:  # all busy: forget the oldest half
+            keep = sorted(self._b.items(), key=lambda kv: kv[1][1])[len(self._b) // 2 :]
+            self._b = dict(keep)

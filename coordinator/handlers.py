@@ -1,0 +1,189 @@
+"""One function per route (named as in :data:`distronet.coordinator.app.ROUTES`).
+
+A plain handler returns ``(status, json_object)`` after staging its writes; the pipeline waits
+for durability before it answers. A raw handler (SSE, files, metrics) is a coroutine returning
+its own response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from distronet.protocol.coordinator_api import ApiError, ApiErrorCode
+
+if TYPE_CHECKING:
+    from distronet.coordinator.app import CoordinatorApp, Ctx
+    from distronet.coordinator.events import Event
+
+Result = tuple[int, Any]
+SSE_KEEPALIVE_S = 15.0
+
+
+def _run_id(ctx: Ctx) -> str:
+    return ctx.request.match_info["run_id"]
+
+
+def _unit(ctx: Ctx) -> int:
+    raw = ctx.request.match_info["unit"]
+    if not (0 < len(raw) <= 12 and raw.isdigit()):
+        raise ApiError(ApiErrorCode.NOT_FOUND, "a unit is a non-negative integer")
+    return int(raw)
+
+
+def openapi(app: CoordinatorApp, ctx: Ctx) -> Result:
+    return 200, app.openapi
+
+
+def health(app: CoordinatorApp, ctx: Ctx) -> Result:
+    ok = app.committer.failed is None and not app.closing
+    return (200 if ok else 503), {"ok": ok, "runs": len(app.svc.runs), "commits": app.committer.commits}
+
+
+def list_runs(app: CoordinatorApp, ctx: Ctx) -> Result:
+    return 200, {"runs": sorted(app.svc.runs)}
+
+
+def create_run(app: CoordinatorApp, ctx: Ctx) -> Result:
+    run, created = app.svc.create_run(ctx.body)
+    return (201 if created else 200), app.svc.run_public(run)
+
+
+def get_run(app: CoordinatorApp, ctx: Ctx) -> Result:
+    return 200, app.svc.run_public(app.svc.run(_run_id(ctx)))
+
+
+def close_run(app: CoordinatorApp, ctx: Ctx) -> Result:
+    run = app.svc.run(_run_id(ctx))
+    app.svc.set_run_state(run, "closed")
+    return 200, app.svc.run_public(run)
+
+
+def join_tokens(app: CoordinatorApp, ctx: Ctx) -> Result:
+    run = app.svc.run(_run_id(ctx))
+    b = ctx.body
+    return 200, {"tokens": app.svc.create_join_tokens(run, b["count"], b["uses"], b["expires_in_s"])}
+
+
+def evict(app: CoordinatorApp, ctx: Ctx) -> Result:
+    run = app.svc.run(_run_id(ctx))
+    node = app.svc.evict(run, ctx.request.match_info["peer_id"], ctx.body["reason"])
+    return 200, node.public()
+
+
+def nodes(app: CoordinatorApp, ctx: Ctx) -> Result:
+    run = app.svc.run(_run_id(ctx))
+    return 200, {"nodes": [n.public() for n in run.nodes.values()]}
+
+
+def leaderboard(app: CoordinatorApp, ctx: Ctx) -> Result:
+    run = app.svc.run(_run_id(ctx))
+    raw = ctx.request.query.get("limit", "100")
+    if not (0 < len(raw) <= 4 and raw.isdigit() and 1 <= int(raw) <= 1000):
+        raise ApiError(ApiErrorCode.INVALID_FIELD, "limit must be an integer in 1..1000", field="query.limit")
+    return 200, {"leaderboard": app.svc.leaderboard(run, int(raw))}
+
+
+def lease_state(app: CoordinatorApp, ctx: Ctx) -> Result:
+    run = app.svc.run(_run_id(ctx))
+    return 200, app.svc.lease_state(run, _unit(ctx))
+
+
+def challenge(app: CoordinatorApp, ctx: Ctx) -> Result:
+    run = app.svc.run(_run_id(ctx))
+    ch, exp = app.svc.challenge(run, ctx.body["peer_id"])
+    return 200, {"challenge": ch, "expires_at": exp}
+
+
+def join(app: CoordinatorApp, ctx: Ctx) -> Result:
+    return 200, app.svc.join(app.svc.run(_run_id(ctx)), ctx.body)
+
+
+def _node(app: CoordinatorApp, ctx: Ctx) -> tuple[Any, Any]:
+    run = app.svc.run(_run_id(ctx))
+    assert ctx.peer is not None
+    return run, app.svc.node_for(run, ctx.peer)
+
+
+def lease(app: CoordinatorApp, ctx: Ctx) -> Result:
+    run, node = _node(app, ctx)
+    return 200, app.svc.lease(run, node, ctx.body["want"])
+
+
+def renew(app: CoordinatorApp, ctx: Ctx) -> Result:
+    run, node = _node(app, ctx)
+    return 200, app.svc.renew(run, node, _unit(ctx), ctx.body["lease_token"])
+
+
+def complete(app: CoordinatorApp, ctx: Ctx) -> Result:
+    run, node = _node(app, ctx)
+    return 200, app.svc.complete(run, node, _unit(ctx), ctx.body["lease_token"])
+
+
+def heartbeat(app: CoordinatorApp, ctx: Ctx) -> Result:
+    run, node = _node(app, ctx)
+    return 200, app.svc.heartbeat(run, node, ctx.body)
+
+
+def receipts(app: CoordinatorApp, ctx: Ctx) -> Result:
+    run, node = _node(app, ctx)
+    return 200, app.svc.receipts(run, node, ctx.body["receipts"])
+
+
+def leave(app: CoordinatorApp, ctx: Ctx) -> Result:
+    run, node = _node(app, ctx)
+    return 200, app.svc.leave(run, node)
+
+
+async def metrics(app: CoordinatorApp, ctx: Ctx) -> web.StreamResponse:
+    return web.Response(body=app.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+async def shard(app: CoordinatorApp, ctx: Ctx) -> web.StreamResponse:
+    run = app.svc.run(_run_id(ctx))
+    sid = ctx.request.match_info["shard_id"]
+    idx = run.shard_index.get(sid)
+    if idx is None:
+        raise ApiError(ApiErrorCode.NOT_FOUND, f"no shard {sid[:64]!r} in run {run.id}")
+    s = run.shards[idx]
+    if s.url is not None:
+        raise web.HTTPFound(s.url)
+    path = app.shard_file(run.shard_root, s.path) if run.shard_root and s.path else None
+    if path is None:
+        raise ApiError(ApiErrorCode.NOT_FOUND, f"shard {sid!r} is not served by this coordinator")
+    return web.FileResponse(path, headers={"ETag": f'"{s.sha256}"', "Cache-Control": "public, max-age=86400"})
+
+
+async def events(app: CoordinatorApp, ctx: Ctx) -> web.StreamResponse:
+    """SSE: replay the ring after Last-Event-ID (or ?after=), then stream live events."""
+    run = app.svc.run(_run_id(ctx))
+    req = ctx.request
+    raw = req.headers.get("Last-Event-ID") or req.query.get("after") or "0"
+    after = int(raw) if raw.isdigit() and len(raw) <= 18 else 0
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    q = app.events.subscribe(run.id)
+    try:
+        await resp.prepare(req)
+        await resp.write(b"retry: 2000\n\n")
+        for old in app.events.recent(run.id, after):
+            await resp.write(old.sse())
+        while not app.closing:
+            try:
+                ev: Event | None = await asyncio.wait_for(q.get(), SSE_KEEPALIVE_S)
+            except asyncio.TimeoutError:
+                await resp.write(b": keepalive\n\n")
+                continue
+            if ev is None:
+                break
+            if ev.seq > after:
+                await resp.write(ev.sse())
+    except (ConnectionResetError, asyncio.CancelledError):
+        pass
+    finally:
+        app.events.unsubscribe(run.id, q)
+    with contextlib.suppress(ConnectionResetError, RuntimeError):
+        await resp.write_eof()
+    return resp

@@ -1,0 +1,47 @@
+"""An in-process coordinator on a loopback port, for tests and tools (real HTTP, real store).
+
+async with local_coordinator(CoordinatorConfig(db="sqlite:///tmp/c.db", operator_token="t")) as lc:
+    ...  # lc.url, lc.app (CoordinatorApp)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from distronet.coordinator.app import CoordinatorApp
+from distronet.coordinator.config import CoordinatorConfig
+
+__all__ = ["LocalCoordinator", "local_coordinator"]
+
+
+@dataclass
+class LocalCoordinator:
+    app: CoordinatorApp
+    url: str
+    runner: web.AppRunner
+
+
+@contextlib.asynccontextmanager
+async def local_coordinator(
+    cfg: CoordinatorConfig, app: CoordinatorApp | None = None
+) -> AsyncIterator[LocalCoordinator]:
+    """Start a coordinator on ``cfg.host`` and a free port; shut it down gracefully on exit."""
+    app = app if app is not None else CoordinatorApp(cfg)
+    await app.start()
+    runner = web.AppRunner(
+        app.web, access_log=None, handle_signals=False, shutdown_timeout=cfg.shutdown_timeout_s
+    )
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, cfg.host, 0)
+        await site.start()
+        server: Any = site._server
+        port = server.sockets[0].getsockname()[1]
+        yield LocalCoordinator(app, f"http://{cfg.host}:{port}", runner)
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,160 @@
+"""One run's in-memory state: its definition, shards, lease book, nodes (the ledger) and tokens.
+
+Node states: ACTIVE (heard from within ``node_timeout_s``), GONE (timed out; comes back by
+itself on its next signed request), LEFT (said goodbye; must join again), EVICTED (by the
+operator; refused from then on). The ledger columns (tokens, shards, steps, uptime) only grow
+from server-side facts: a completed lease, a receipt signed by another member, the time
+between two of the node's own signed requests (capped at the node timeout).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from distronet.coordinator.leases import LeaseBook
+
+__all__ = ["ACTIVE", "EVICTED", "GONE", "LEFT", "STATE_NAMES", "NodeRecord", "RunState", "Shard"]
+
+ACTIVE, LEFT, EVICTED, GONE = 1, 2, 3, 4
+STATE_NAMES = {ACTIVE: "active", LEFT: "left", EVICTED: "evicted", GONE: "gone"}
+RECEIPT_WINDOW = 4096  # steps behind a producer's newest credited step that still earn credit
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    id: str
+    path: str | None
+    url: str | None
+    sha256: str
+    tokens: int
+    bytes: int
+
+
+@dataclass(slots=True)
+class NodeRecord:
+    """A node's record in one run (the store's ``nodes`` row, less the run id)."""
+
+    peer: str
+    state: int
+    multiaddrs: list[str]
+    agent: str
+    joined_at: float
+    last_seen: float
+    uptime_s: float = 0.0
+    tokens: int = 0
+    shards: int = 0
+    steps: int = 0
+    speed: float = 0.0  # tokens/s measured over its completed leases (EWMA)
+    last_step: int = 0
+    credited: set[int] = field(default_factory=set)  # steps credited, within RECEIPT_WINDOW
+    max_credited: int = -1
+
+    def row(self, run_id: str) -> tuple[object, ...]:
+        return (
+            run_id, self.peer, self.state, json.dumps(self.multiaddrs), self.agent, self.joined_at,
+            self.last_seen, self.uptime_s, self.tokens, self.shards, self.steps, self.speed, self.last_step,
+        )  # fmt: skip
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "peer_id": self.peer,
+            "state": STATE_NAMES[self.state],
+            "multiaddrs": self.multiaddrs,
+            "agent": self.agent,
+            "joined_at": self.joined_at,
+            "last_seen": self.last_seen,
+            "uptime_s": round(self.uptime_s, 3),
+            "tokens": self.tokens,
+            "shards": self.shards,
+            "steps_acknowledged": self.steps,
+            "tokens_per_s": round(self.speed, 3),
+            "last_step": self.last_step,
+        }
+
+    def credit_step(self, step: int) -> bool:
+        """Credit one acknowledged step once; False for a repeat or a step too far behind."""
+        if step in self.credited or step < self.max_credited - RECEIPT_WINDOW:
+            return False
+        self.credited.add(step)
+        self.steps += 1
+        if step > self.max_credited:
+            self.max_credited = step
+            if len(self.credited) > 2 * RECEIPT_WINDOW:
+                floor = step - RECEIPT_WINDOW
+                self.credited = {s for s in self.credited if s >= floor}
+        return True
+
+
+class RunState:
+    """A run: definition (validated CreateRun dict), shards, leases, nodes, join tokens."""
+
+    def __init__(
+        self, spec: dict[str, Any], *, shard_root: str | None, created_at: float, state: str
+    ) -> None:
+        self.spec = spec
+        self.id: str = spec["id"]
+        self.shard_root = shard_root
+        self.created_at = created_at
+        self.state = state
+        data = spec["data"]
+        self.shards = [
+            Shard(s["id"], s["path"], s["url"], s["sha256"], s["tokens"], s["bytes"])
+            for s in data["manifest"]["shards"]
+        ]
+        self.shard_index = {s.id: i for i, s in enumerate(self.shards)}
+        self.epochs: int = data["epochs"]
+        self.max_leases: int = data["max_leases_per_node"]
+        self.book = LeaseBook(len(self.shards) * self.epochs, float(data["lease_ttl_s"]))
+        self.nodes: dict[str, NodeRecord] = {}
+        self.tokens: dict[str, list[float]] = {}  # sha256(token) -> [uses_left, expires_at]
+        self.challenges: dict[str, tuple[str, float]] = {}  # challenge -> (peer, expires_at)
+        self.node_timeout: float = spec["node_timeout_s"]
+        self.heartbeat_interval: float = spec["heartbeat_interval_s"]
+        self.max_step = 0
+        self.loss_sum = 0.0
+        self.loss_n = 0
+        self.loss_last_emit = 0.0
+        self._median_speed = 0.0
+        self._median_at = -1e18
+
+    def config_row(self) -> tuple[object, ...]:
+        cfg = json.dumps({"spec": self.spec, "shard_root": self.shard_root}, sort_keys=True)
+        return (self.id, cfg, self.state, self.created_at)
+
+    @property
+    def tokens_total(self) -> int:
+        return sum(s.tokens for s in self.shards) * self.epochs
+
+    def shard_of(self, unit: int) -> tuple[int, Shard]:
+        """(epoch, shard) of a unit."""
+        epoch, idx = divmod(unit, len(self.shards))
+        return epoch, self.shards[idx]
+
+    @staticmethod
+    def hash_token(token: str) -> str:
+        return hashlib.sha256(token.encode()).hexdigest()
+
+    def live_nodes(self, now: float) -> list[NodeRecord]:
+        return [
+            n for n in self.nodes.values() if n.state == ACTIVE and now - n.last_seen <= self.node_timeout
+        ]
+
+    def allowance(self, node: NodeRecord, now: float) -> int:
+        """How many leases ``node`` may hold at once: 1 until measured, then 2x its speed ratio.
+
+        The ratio is the node's measured tokens/s over the median of the measured live nodes
+        (median refreshed at most every 2 s), clamped to [1, max_leases_per_node].
+        """
+        if node.speed <= 0:
+            return 1
+        if now - self._median_at > 2.0:
+            speeds = [n.speed for n in self.nodes.values() if n.state == ACTIVE and n.speed > 0]
+            self._median_speed = statistics.median(speeds) if speeds else 0.0
+            self._median_at = now
+        if self._median_speed <= 0:
+            return 1
+        return max(1, min(self.max_leases, int(2 * node.speed / self._median_speed)))

@@ -75,9 +75,12 @@ def encode_tensor(
     sidx, order = _canonical(idx, val, chunk_numel)
     sval = val if order is None else np.take_along_axis(val, order, axis=1)
     section, wire = encode_indices(sidx, chunk_numel, index_coding)
-    coded, deq_wire = quantise(np.take_along_axis(sval, wire, axis=1), value_coding)
-    deq_sorted = np.empty_like(deq_wire)
-    np.put_along_axis(deq_sorted, np.asarray(wire), deq_wire, axis=1)
+    if wire is None:
+        coded, deq_sorted = quantise(sval, value_coding)
+    else:
+        coded, deq_wire = quantise(np.take_along_axis(sval, wire, axis=1), value_coding)
+        deq_sorted = np.empty_like(deq_wire)
+        np.put_along_axis(deq_sorted, wire, deq_wire, axis=1)
     if order is None:
         deq = deq_sorted
     else:

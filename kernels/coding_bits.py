@@ -12,14 +12,11 @@ import numpy as np
 from distronet.protocol.errors import RejectCode, Rejected
 
 __all__ = [
+    "BitReader",
     "ByteReader",
-    "check_padding",
-    "from_bytes",
+    "pack_bits",
     "pack_fields",
-    "pack_unary",
-    "read_fields",
-    "read_unary",
-    "to_bytes",
+    "unary_fields",
     "varint",
     "zigzag",
 ]
@@ -88,72 +85,111 @@ class ByteReader:
         return (u >> 1) ^ -(u & 1)
 
 
-def pack_fields(values: np.ndarray, width: int) -> np.ndarray:
-    """MSB-first bit stream of ``values`` (non-negative, each < 2**width) in ``width`` bits each.
+def _or_into(words: np.ndarray, at: np.ndarray, parts: np.ndarray) -> None:
+    """words[at[i]] |= parts[i] for non-decreasing ``at`` (one reduceat per run of equal ``at``)."""
+    if at.size == 0:
+        return
+    first = np.flatnonzero(np.diff(at, prepend=-1))
+    words[at[first]] |= np.bitwise_or.reduceat(parts, first)
 
-    Returns a boolean/uint8 bit array (one element per bit), not yet packed into bytes, so
-    several streams can be concatenated. Cost O(len(values) * width).
+
+def pack_bits(values: np.ndarray, widths: np.ndarray) -> bytes:
+    """Concatenate fields MSB-first: value i in ``widths[i]`` bits (0 <= widths <= 25, values < 2**width).
+
+    Zero-pads the last byte. Vectorised: each field lands in one or two big-endian 64-bit
+    words, OR-reduced per word. Cost O(len(values)).
     """
-    v = np.asarray(values, dtype=np.uint64).reshape(-1)
-    if width == 0 or v.size == 0:
-        return np.zeros(0, dtype=np.uint8)
-    shifts = np.arange(width - 1, -1, -1, dtype=np.uint64)
-    return ((v[:, None] >> shifts[None, :]) & np.uint64(1)).astype(np.uint8).reshape(-1)
+    w = np.asarray(widths, dtype=np.int64).reshape(-1)
+    v = np.asarray(values, dtype=np.int64).reshape(-1).astype(np.uint64)
+    total = int(w.sum())
+    if total == 0:
+        return b""
+    start = np.cumsum(w) - w
+    at, off = start >> 6, start & 63
+    words = np.zeros((total + 63) // 64, dtype=np.uint64)
+    over = off + w - 64  # > 0 where the field spills into the next word
+    fits = over <= 0
+    _or_into(words, at[fits], v[fits] << (-over[fits]).astype(np.uint64))
+    spill = ~fits
+    if spill.any():
+        sv, so = v[spill], over[spill].astype(np.uint64)
+        _or_into(words, at[spill], sv >> so)
+        _or_into(words, at[spill] + 1, sv << (np.uint64(64) - so))
+    return words.astype(">u8").tobytes()[: (total + 7) // 8]
 
 
-def read_fields(bits: np.ndarray, count: int, width: int) -> np.ndarray:
-    """Inverse of :func:`pack_fields` over the first ``count * width`` bits; int64 array.
-
-    The caller has checked ``bits.size >= count * width`` and ``width <= 62``.
-    """
-    if width == 0 or count == 0:
-        return np.zeros(count, dtype=np.int64)
-    b = bits[: count * width].reshape(count, width).astype(np.int64)
-    weights = np.left_shift(np.int64(1), np.arange(width - 1, -1, -1, dtype=np.int64))
-    out: np.ndarray = b @ weights
-    return out
-
-
-def pack_unary(values: np.ndarray) -> np.ndarray:
-    """Unary bit stream: value q is q one-bits followed by one zero-bit. Cost O(sum(values) + n)."""
+def pack_fields(values: np.ndarray, width: int) -> bytes:
+    """``values`` (each < 2**width, width <= 25) in ``width`` bits each, MSB-first, as bytes."""
     v = np.asarray(values, dtype=np.int64).reshape(-1)
-    ends = np.cumsum(v + 1) - 1  # position of each terminating zero
-    total = int(ends[-1]) + 1 if v.size else 0
-    bits = np.ones(total, dtype=np.uint8)
-    bits[ends] = 0
-    return bits
+    return pack_bits(v, np.full(v.size, width, dtype=np.int64))
 
 
-def read_unary(bits: np.ndarray, count: int, what: str) -> tuple[np.ndarray, int]:
-    """Read ``count`` unary values from the start of ``bits``; returns (values, bits consumed).
-
-    TRUNCATED when the stream holds fewer than ``count`` terminating zeros.
-    """
-    if count == 0:
-        return np.zeros(0, dtype=np.int64), 0
-    zeros = np.flatnonzero(bits == 0)
-    if zeros.size < count:
-        raise Rejected(RejectCode.TRUNCATED, f"{what}: {zeros.size} of {count} unary codes present")
-    ends = zeros[:count].astype(np.int64)
-    starts = np.empty_like(ends)
-    starts[0] = 0
-    starts[1:] = ends[:-1] + 1
-    return ends - starts, int(ends[-1]) + 1
+def unary_fields(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(values, widths) of unary codes: q one-bits then a zero-bit (q <= 24)."""
+    q = np.asarray(q, dtype=np.int64)
+    return (np.int64(1) << (q + 1)) - 2, q + 1
 
 
-def to_bytes(bits: np.ndarray) -> bytes:
-    """Pack a bit array MSB-first into bytes, zero-padding the last byte."""
-    return np.packbits(bits.astype(np.uint8, copy=False)).tobytes()
+class BitReader:
+    """MSB-first fields out of an untrusted byte string; reads past the end raise TRUNCATED."""
 
+    def __init__(self, data: bytes, what: str) -> None:
+        self.nbits = 8 * len(data)
+        self.buf = np.frombuffer(data + bytes(4), dtype=np.uint8).astype(np.int64)
+        self.pos = 0
+        self.what = what
 
-def from_bytes(data: bytes) -> np.ndarray:
-    """Unpack bytes into a uint8 bit array (8 elements per byte), MSB-first."""
-    return np.unpackbits(np.frombuffer(data, dtype=np.uint8))
+    def _need(self, n: int) -> None:
+        if self.pos + n > self.nbits:
+            raise Rejected(RejectCode.TRUNCATED, f"{self.what}: {n} bits past bit {self.pos} of {self.nbits}")
 
+    def _gather(self, start: np.ndarray, w: np.ndarray) -> np.ndarray:
+        at = start >> 3
+        b = self.buf
+        word = (b[at] << 24) | (b[at + 1] << 16) | (b[at + 2] << 8) | b[at + 3]
+        out: np.ndarray = (word >> (32 - (start & 7) - w)) & ((np.int64(1) << w) - 1)
+        return out
 
-def check_padding(bits: np.ndarray, used: int, what: str) -> None:
-    """MALFORMED unless the stream is exactly ``used`` bits rounded up to a byte, zero-padded."""
-    if (used + 7) // 8 * 8 != bits.size:
-        raise Rejected(RejectCode.MALFORMED, f"{what}: {bits.size // 8} bytes for {used} bits")
-    if bits[used:].any():
-        raise Rejected(RejectCode.MALFORMED, f"{what}: non-zero padding bits")
+    def fields(self, count: int, width: int) -> np.ndarray:
+        """``count`` fields of ``width`` (<= 25) bits each, int64."""
+        self._need(count * width)
+        if width == 0 or count == 0:
+            return np.zeros(count, dtype=np.int64)
+        start = self.pos + width * np.arange(count, dtype=np.int64)
+        self.pos += count * width
+        return self._gather(start, np.full(count, width, dtype=np.int64))
+
+    def varwidth(self, widths: np.ndarray) -> np.ndarray:
+        """One field per entry of ``widths`` (each <= 25), int64."""
+        total = int(widths.sum())
+        self._need(total)
+        start = self.pos + np.cumsum(widths) - widths
+        self.pos += total
+        return self._gather(start, widths)
+
+    def unary(self, count: int, max_value: int) -> np.ndarray:
+        """``count`` unary codes, each at most ``max_value`` (else MALFORMED)."""
+        if count == 0:
+            return np.zeros(0, dtype=np.int64)
+        end = min(self.nbits, self.pos + count * (max_value + 1))
+        first, last = self.pos >> 3, (end + 7) >> 3
+        bits = np.unpackbits(self.buf[first:last].astype(np.uint8))[self.pos - 8 * first : end - 8 * first]
+        zeros = np.flatnonzero(bits == 0)
+        if zeros.size and np.diff(zeros[:count], prepend=-1).max() > max_value + 1:
+            raise Rejected(RejectCode.MALFORMED, f"{self.what}: unary code over {max_value}")
+        if zeros.size < count:
+            if end < self.nbits:
+                raise Rejected(RejectCode.MALFORMED, f"{self.what}: unary code over {max_value}")
+            raise Rejected(RejectCode.TRUNCATED, f"{self.what}: {zeros.size} of {count} unary codes")
+        ends = zeros[:count].astype(np.int64)
+        self.pos += int(ends[-1]) + 1
+        out: np.ndarray = np.diff(ends, prepend=-1) - 1
+        return out
+
+    def finish(self) -> None:
+        """MALFORMED unless exactly the bytes needed were given and the padding bits are zero."""
+        if (self.pos + 7) // 8 * 8 != self.nbits:
+            raise Rejected(RejectCode.MALFORMED, f"{self.what}: {self.nbits // 8} bytes for {self.pos} bits")
+        pad = self.nbits - self.pos
+        if pad and int(self.buf[self.nbits // 8 - 1]) & ((1 << pad) - 1):
+            raise Rejected(RejectCode.MALFORMED, f"{self.what}: non-zero padding bits")

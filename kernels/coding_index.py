@@ -19,15 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from distronet.kernels.coding_bits import (
-    check_padding,
-    from_bytes,
-    pack_fields,
-    pack_unary,
-    read_fields,
-    read_unary,
-    to_bytes,
-)
+from distronet.kernels.coding_bits import BitReader, pack_bits, pack_fields, unary_fields
 from distronet.protocol.errors import RejectCode, Rejected
 
 __all__ = [
@@ -43,6 +35,7 @@ __all__ = [
 _MAX_FIELD_WIDTH = 4  # bucket field width w in 0..4
 _HEADER_BYTES = 2  # 16 bits: rank map (2), class-0 b0 (4) and w (3), class-1 b0 (4) and w (3)
 _FALLBACK = 3  # rank-map value meaning "fixed-width body follows"
+_SAMPLE_CHUNKS = 512  # chunks the encoder looks at to choose a rank map
 #: Largest chunk ENTROPY supports: buckets (<= 15) must fit the 4-bit b0 field.
 MAX_CHUNK_NUMEL = 1 << 15
 
@@ -107,90 +100,122 @@ def _centre_out(b0: int, bmax: int) -> np.ndarray:
     return np.array(order, dtype=np.int64)
 
 
+@functools.lru_cache(maxsize=32)
+def _place_costs(bmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """(orders (b0, place) -> bucket, costs (w, place) -> bits of field + escape)."""
+    orders = np.stack([_centre_out(b0, bmax) for b0 in range(bmax + 1)])
+    rho = np.arange(bmax + 1)
+    costs = np.stack(
+        [w + np.where(rho < (1 << w) - 1, 0, rho - (1 << w) + 2) for w in range(_MAX_FIELD_WIDTH + 1)]
+    )
+    return orders, costs
+
+
 def _best_params(hist: np.ndarray) -> tuple[int, int, int]:
-    """(cost in bits, b0, w) minimising field + escape bits for a bucket histogram."""
-    bmax = hist.size - 1
-    best = (1 << 62, 0, 0)
-    for b0 in range(bmax + 1):
-        counts = hist[_centre_out(b0, bmax)]  # counts by place rho
-        rho = np.arange(counts.size)
-        for w in range(_MAX_FIELD_WIDTH + 1):
-            lim = (1 << w) - 1
-            cost = int((counts * (w + np.where(rho < lim, 0, rho - lim + 1))).sum())
-            best = min(best, (cost, b0, w))
-    return best
+    """(bits of fields + escapes, b0, w) minimising the cost of a bucket histogram."""
+    orders, costs = _place_costs(hist.size - 1)
+    total = hist[orders] @ costs.T  # (b0, w)
+    b0, w = np.unravel_index(int(np.argmin(total)), total.shape)
+    return int(total[b0, w]), int(b0), int(w)
 
 
-def _code_class(buckets: np.ndarray, bmax: int) -> tuple[int, np.ndarray, np.ndarray]:
-    """(7-bit params b0 << 3 | w, field bits, escape bits) for one class of gap buckets."""
+def _sorted_ranks(
+    idx: np.ndarray, chunk_numel: int, rank_map: RankMap
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """(ranks ascending per chunk, order or None): ``ranks[i, j] = rank(idx[i, order[i, j]])``."""
+    ranks = _rank_tables(chunk_numel, rank_map)[0][idx]
+    if rank_map == RankMap.IDENTITY:
+        return ranks, None
+    k = idx.shape[1]
+    key = np.sort(ranks * k + np.arange(k), axis=1)  # one sort carries both rank and origin
+    return key // k, key % k
+
+
+def _gap_buckets(ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(gaps, buckets): gap_j = r_j - r_{j-1} - 1 with r_{-1} = -1."""
+    gaps = np.diff(ranks, axis=1, prepend=-1) - 1
+    return gaps, _bucket(gaps)
+
+
+def _class_cost(buckets: np.ndarray, bmax: int) -> tuple[int, int, int]:
+    """(bits, b0, w) of one class of buckets under its best parameters, mantissas included."""
     if buckets.size == 0:
-        return 0, np.zeros(0, np.uint8), np.zeros(0, np.uint8)
-    _, b0, w = _best_params(np.bincount(buckets, minlength=bmax + 1))
+        return 0, 0, 0
+    hist = np.bincount(buckets, minlength=bmax + 1)
+    cost, b0, w = _best_params(hist)
+    return cost + int((hist[2:] * np.arange(1, bmax)).sum()), b0, w
+
+
+def _code_class(
+    buckets: np.ndarray, bmax: int, b0: int, w: int
+) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """((values, widths) of the fields, (values, widths) of the escapes) of one class of buckets."""
     place = np.empty(bmax + 1, dtype=np.int64)
     place[_centre_out(b0, bmax)] = np.arange(bmax + 1)
     rho = place[buckets]
     lim = (1 << w) - 1
-    fields = pack_fields(np.minimum(rho, lim), w)
-    escapes = pack_unary(rho[rho >= lim] - lim)
-    return (b0 << 3) | w, fields, escapes
+    fields = (np.minimum(rho, lim), np.full(rho.size, w, dtype=np.int64))
+    return fields, unary_fields(rho[rho >= lim] - lim)
 
 
-def _mantissa_bits(g: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Low b-1 bits of each gap with b >= 2, MSB-first, concatenated in order."""
-    width = np.maximum(b - 1, 0)
-    total = int(width.sum())
-    sym = np.repeat(np.arange(g.size), width)
-    start = np.cumsum(width) - width
-    j = np.arange(total) - start[sym]
-    shift = (width[sym] - 1 - j).astype(np.uint64)
-    out: np.ndarray = ((g[sym].astype(np.uint64) >> shift) & np.uint64(1)).astype(np.uint8)
-    return out
-
-
-def _entropy_candidate(idx: np.ndarray, chunk_numel: int, rank_map: RankMap) -> tuple[int, bytes, np.ndarray]:
-    """(bits, section, wire order) coding ``idx`` under one rank map."""
-    rank_of, _ = _rank_tables(chunk_numel, rank_map)
-    ranks = rank_of[idx]
-    if rank_map == RankMap.IDENTITY:
-        order = np.broadcast_to(np.arange(idx.shape[1]), idx.shape)
-    else:
-        order = np.argsort(ranks, axis=1, kind="stable")
-        ranks = np.take_along_axis(ranks, order, axis=1)
-    gaps = np.diff(ranks, axis=1, prepend=-1) - 1
-    b = _bucket(gaps)
-    bmax = fixed_width(chunk_numel)
-    p0, f0, e0 = _code_class(b[:, 0], bmax)
-    p1, f1, e1 = _code_class(b[:, 1:].reshape(-1), bmax)
-    mant = _mantissa_bits(gaps.reshape(-1), b.reshape(-1))
-    bits = np.concatenate([f0, f1, e0, e1, mant])
-    header = (int(rank_map) << 14) | (p0 << 7) | p1
-    section = header.to_bytes(2, "big") + to_bytes(bits)
-    return 8 * len(section), section, np.asarray(order)
-
-
-def encode_indices(idx: np.ndarray, chunk_numel: int, coding: IndexCoding) -> tuple[bytes, np.ndarray]:
-    """Code sorted, unique, in-range ``idx`` int64 (n_chunks, k), chunk_numel <= MAX_CHUNK_NUMEL.
-
-    Returns (section bytes, wire order (n_chunks, k)): values travel in
-    ``take_along_axis(val, order, 1)``. ENTROPY picks the cheapest rank map and falls back to a
-    fixed-width body when that is smaller; a dense tensor (k == chunk_numel) has an empty
-    section. Cost O(n_chunks * k * log k).
-    """
-    k = idx.shape[1]
-    ident = np.broadcast_to(np.arange(k), idx.shape)
-    if k == chunk_numel:
-        return b"", ident
-    width = fixed_width(chunk_numel)
-    fixed = to_bytes(pack_fields(idx.reshape(-1), width))
-    if coding == IndexCoding.FIXED:
-        return fixed, ident
+def _encode_entropy(
+    idx: np.ndarray, chunk_numel: int, fixed_bits: int
+) -> tuple[bytes, np.ndarray | None] | None:
+    """(section, wire order) under the cheapest rank map, or None when ``fixed_bits`` is no more."""
     maps = [RankMap.IDENTITY]
     if _side(chunk_numel) is not None:
         maps += [RankMap.TRANSPOSE, RankMap.DIAGONAL]
-    best = min((_entropy_candidate(idx, chunk_numel, m) for m in maps), key=lambda c: c[0])
-    if best[0] >= 8 * (len(fixed) + _HEADER_BYTES):
-        return (_FALLBACK << 14).to_bytes(2, "big") + fixed, ident
-    return best[1], best[2]
+    bmax = fixed_width(chunk_numel)
+    # the map is chosen on at most ~_SAMPLE_CHUNKS evenly strided chunks (cost only, not correctness)
+    sample = idx[:: max(1, idx.shape[0] // _SAMPLE_CHUNKS)] if len(maps) > 1 else idx
+    best: tuple[int, RankMap, int, int, int, int] | None = None
+    for m in maps:
+        _, b = _gap_buckets(_sorted_ranks(sample, chunk_numel, m)[0])
+        c0, b00, w0 = _class_cost(b[:, 0], bmax)
+        c1, b01, w1 = _class_cost(b[:, 1:].reshape(-1), bmax)
+        if best is None or c0 + c1 < best[0]:
+            best = (c0 + c1, m, b00, w0, b01, w1)
+    assert best is not None
+    rank_map = best[1]
+    ranks, order = _sorted_ranks(idx, chunk_numel, rank_map)
+    gaps, b = _gap_buckets(ranks)
+    if sample is not idx:
+        c0, b00, w0 = _class_cost(b[:, 0], bmax)
+        c1, b01, w1 = _class_cost(b[:, 1:].reshape(-1), bmax)
+        best = (c0 + c1, rank_map, b00, w0, b01, w1)
+    total, _, b00, w0, b01, w1 = best
+    if total >= fixed_bits:
+        return None
+    f0, e0 = _code_class(b[:, 0], bmax, b00, w0)
+    f1, e1 = _code_class(b[:, 1:].reshape(-1), bmax, b01, w1)
+    width = np.maximum(b - 1, 0).reshape(-1)
+    mant = (gaps.reshape(-1) & ((np.int64(1) << width) - 1), width)
+    parts = [f0, f1, e0, e1, mant]
+    body = pack_bits(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+    header = (int(rank_map) << 14) | (((b00 << 3) | w0) << 7) | ((b01 << 3) | w1)
+    return header.to_bytes(2, "big") + body, order
+
+
+def encode_indices(idx: np.ndarray, chunk_numel: int, coding: IndexCoding) -> tuple[bytes, np.ndarray | None]:
+    """Code sorted, unique, in-range ``idx`` int64 (n_chunks, k), chunk_numel <= MAX_CHUNK_NUMEL.
+
+    Returns (section bytes, wire order (n_chunks, k) or None for "as given"): values travel in
+    ``take_along_axis(val, order, 1)``. ENTROPY picks the cheapest rank map and falls back to a
+    fixed-width body when that is no larger; a dense tensor (k == chunk_numel) has an empty
+    section. Cost O(n_chunks * k * log k).
+    """
+    k = idx.shape[1]
+    if k == chunk_numel:
+        return b"", None
+    width = fixed_width(chunk_numel)
+    if coding == IndexCoding.ENTROPY:
+        coded = _encode_entropy(idx, chunk_numel, idx.size * width + 8)
+        if coded is not None:
+            return coded
+    fixed = pack_fields(idx.reshape(-1), width)
+    if coding == IndexCoding.FIXED:
+        return fixed, None
+    return (_FALLBACK << 14).to_bytes(2, "big") + fixed, None
 
 
 def max_index_section_len(coding: IndexCoding, count: int, chunk_numel: int) -> int:
@@ -202,12 +227,9 @@ def max_index_section_len(coding: IndexCoding, count: int, chunk_numel: int) -> 
 
 
 def _decode_fixed(section: bytes, n: int, k: int, chunk_numel: int) -> np.ndarray:
-    width = fixed_width(chunk_numel)
-    bits = from_bytes(section)
-    if bits.size < n * k * width:
-        raise Rejected(RejectCode.TRUNCATED, "fixed-width index section")
-    check_padding(bits, n * k * width, "index section")
-    idx = read_fields(bits, n * k, width).reshape(n, k)
+    reader = BitReader(section, "fixed-width index section")
+    idx = reader.fields(n * k, fixed_width(chunk_numel)).reshape(n, k)
+    reader.finish()
     _check_fixed(idx, chunk_numel)
     return idx
 
@@ -225,21 +247,18 @@ def _read_params(bits7: int, bmax: int) -> _ClassParams:
     return p
 
 
-def _read_buckets(
-    bits: np.ndarray, pos: int, fields: np.ndarray, p: _ClassParams, bmax: int
-) -> tuple[np.ndarray, int]:
-    """Complete one class's bucket places with its escape stream at ``pos``; (buckets, new pos)."""
+def _read_buckets(reader: BitReader, fields: np.ndarray, p: _ClassParams, bmax: int) -> np.ndarray:
+    """Complete one class's bucket places from its escape stream; buckets int64."""
     lim = (1 << p.w) - 1
     esc = fields >= lim
-    extra, used = read_unary(bits[pos:], int(esc.sum()), "index escapes")
     rho = fields.copy()
-    rho[esc] = lim + extra
+    rho[esc] = lim + reader.unary(int(esc.sum()), max(bmax - lim, 0))
     if rho.size and int(rho.max()) > bmax:
         raise Rejected(RejectCode.MALFORMED, "index bucket code beyond the largest bucket")
-    return _centre_out(p.b0, bmax)[rho], pos + used
+    return _centre_out(p.b0, bmax)[rho]
 
 
-def _decode_entropy(section: bytes, n: int, k: int, chunk_numel: int) -> tuple[np.ndarray, np.ndarray]:
+def _decode_entropy(section: bytes, n: int, k: int, chunk_numel: int) -> tuple[np.ndarray, np.ndarray | None]:
     if len(section) < _HEADER_BYTES:
         raise Rejected(RejectCode.TRUNCATED, "index section shorter than its parameters")
     bmax = fixed_width(chunk_numel)
@@ -248,44 +267,29 @@ def _decode_entropy(section: bytes, n: int, k: int, chunk_numel: int) -> tuple[n
     if map_code == _FALLBACK:
         if header != _FALLBACK << 14:
             raise Rejected(RejectCode.MALFORMED, "fixed-width fallback with non-zero parameters")
-        idx = _decode_fixed(section[_HEADER_BYTES:], n, k, chunk_numel)
-        return idx, np.broadcast_to(np.arange(k), idx.shape)
+        return _decode_fixed(section[_HEADER_BYTES:], n, k, chunk_numel), None
     if map_code != RankMap.IDENTITY and _side(chunk_numel) is None:
         raise Rejected(RejectCode.MALFORMED, f"rank map {map_code} for a chunk of {chunk_numel}")
     rank_map = RankMap(map_code)
     p0, p1 = _read_params((header >> 7) & 0x7F, bmax), _read_params(header & 0x7F, bmax)
-    bits = from_bytes(section[_HEADER_BYTES:])
-    n0, n1 = n, n * (k - 1)
-    if n0 * p0.w + n1 * p1.w > bits.size:
-        raise Rejected(RejectCode.TRUNCATED, "index bucket fields")
-    f0 = read_fields(bits, n0, p0.w)
-    f1 = read_fields(bits[n0 * p0.w :], n1, p1.w)
-    pos = n0 * p0.w + n1 * p1.w
-    b0, pos = _read_buckets(bits, pos, f0, p0, bmax)
-    b1, pos = _read_buckets(bits, pos, f1, p1, bmax)
+    reader = BitReader(section[_HEADER_BYTES:], "entropy index section")
+    f0 = reader.fields(n, p0.w)
+    f1 = reader.fields(n * (k - 1), p1.w)
+    b0 = _read_buckets(reader, f0, p0, bmax)
+    b1 = _read_buckets(reader, f1, p1, bmax)
     b = np.concatenate([b0[:, None], b1.reshape(n, k - 1)], axis=1).reshape(-1)
     width = np.maximum(b - 1, 0)
-    total = int(width.sum())
-    if pos + total > bits.size:
-        raise Rejected(RejectCode.TRUNCATED, "index mantissas")
-    check_padding(bits, pos + total, "index section")
-    contrib = bits[pos : pos + total].astype(np.int64)
-    sym = np.repeat(np.arange(b.size), width)
-    start = np.cumsum(width) - width
-    j = np.arange(total) - start[sym]
-    contrib <<= width[sym] - 1 - j
-    csum = np.concatenate([[0], np.cumsum(contrib)])
-    mant = csum[start + width] - csum[start]
+    mant = reader.varwidth(width)
+    reader.finish()
     gaps = np.where(b >= 1, (np.int64(1) << np.maximum(b - 1, 0)) + mant, 0).reshape(n, k)
     ranks = np.cumsum(gaps + 1, axis=1) - 1
     if ranks[:, -1].max() >= chunk_numel:
         raise Rejected(RejectCode.INDEX_OUT_OF_RANGE, f"index rank beyond chunk of {chunk_numel}")
-    _, pos_of = _rank_tables(chunk_numel, rank_map)
-    idx = pos_of[ranks]
+    idx = _rank_tables(chunk_numel, rank_map)[1][ranks]
     if rank_map == RankMap.IDENTITY:
-        return idx, np.broadcast_to(np.arange(k), idx.shape)
-    order = np.argsort(idx, axis=1, kind="stable")
-    return np.take_along_axis(idx, order, axis=1), order
+        return idx, None
+    key = np.sort(idx * k + np.arange(k), axis=1)
+    return key // k, key % k
 
 
 def _check_fixed(idx: np.ndarray, chunk_numel: int) -> None:
@@ -301,17 +305,18 @@ def _check_fixed(idx: np.ndarray, chunk_numel: int) -> None:
 
 def decode_indices(
     section: bytes, coding: IndexCoding, n: int, k: int, chunk_numel: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """(idx int64 (n, k) ascending and unique per chunk, order): ``val_sorted = take(val_wire, order)``.
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """(idx int64 (n, k) ascending and unique per chunk, order or None for "as sent").
+
+    ``val_sorted = take_along_axis(val_wire, order, 1)`` pairs the sent values with ``idx``.
 
     The caller has checked 1 <= k <= chunk_numel and len(section) <= max_index_section_len.
     Raises Rejected (TRUNCATED, MALFORMED, INDEX_OUT_OF_RANGE, DUPLICATE_INDEX).
     """
-    ident = np.broadcast_to(np.arange(k), (n, k))
     if k == chunk_numel:
         if section:
             raise Rejected(RejectCode.MALFORMED, "a dense tensor carries no index section")
-        return np.broadcast_to(np.arange(k, dtype=np.int64), (n, k)).copy(), ident
+        return np.broadcast_to(np.arange(k, dtype=np.int64), (n, k)).copy(), None
     if coding == IndexCoding.ENTROPY:
         return _decode_entropy(section, n, k, chunk_numel)
-    return _decode_fixed(section, n, k, chunk_numel), ident
+    return _decode_fixed(section, n, k, chunk_numel), None

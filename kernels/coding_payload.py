@@ -157,7 +157,7 @@ def _read_tensor(
     values = r.take(value_section_len(vc, n * k), "value section")
     idx, order = decode_indices(section, ic, n, k, cn)
     val = dequantise(CodedValues(values, base, width, scales), vc, n, k)
-    return DecodedTensor(tid, idx, np.take_along_axis(val, order, axis=1))
+    return DecodedTensor(tid, idx, val if order is None else np.take_along_axis(val, order, axis=1))
 
 
 def decode_payload(

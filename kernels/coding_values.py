@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from distronet.kernels.coding_bits import check_padding, from_bytes, pack_fields, read_fields, to_bytes
+from distronet.kernels.coding_bits import BitReader, pack_fields
 from distronet.protocol.errors import KernelError, RejectCode, Rejected
 
 __all__ = [
@@ -125,11 +125,11 @@ def quantise(val: np.ndarray, coding: ValueCoding) -> tuple[CodedValues, np.ndar
     z = np.where(nonzero, q - base + 1, 0)
     width = int(z.max()).bit_length() if z.size else 0
     scale = np.where(nonzero, scale_from_code(np.where(nonzero, q, 0)), np.float32(0)).astype(np.float32)
-    scales = to_bytes(pack_fields(z, width))
+    scales = pack_fields(z, width)
     if coding == ValueCoding.SIGN1:
         neg = v < 0
         deq = np.where(neg, -scale[:, None], scale[:, None]).astype(np.float32)
-        return CodedValues(to_bytes(neg.reshape(-1)), base, width, scales), deq
+        return CodedValues(np.packbits(neg.reshape(-1)).tobytes(), base, width, scales), deq
     safe = np.where(scale > 0, scale, np.float32(1))[:, None]
     ints = np.clip(np.rint(v / safe), -127, 127).astype(np.int8)
     deq = (ints.astype(np.float32) * scale[:, None]).astype(np.float32)
@@ -140,9 +140,9 @@ def decode_scales(scales: bytes, n_chunks: int, base: int, width: int) -> np.nda
     """float32 (n_chunks,) scales from their wire fields. Rejects codes outside [Q_MIN, Q_MAX]."""
     if width > MAX_SCALE_WIDTH:
         raise Rejected(RejectCode.MALFORMED, f"scale width {width} > {MAX_SCALE_WIDTH}")
-    bits = from_bytes(scales)
-    check_padding(bits, n_chunks * width, "scale section")
-    z = read_fields(bits, n_chunks, width)
+    reader = BitReader(scales, "scale section")
+    z = reader.fields(n_chunks, width)
+    reader.finish()
     q = base + z - 1
     nonzero = z > 0
     if ((q < Q_MIN) | (q > Q_MAX))[nonzero].any():
@@ -168,8 +168,9 @@ def dequantise(coded: CodedValues, coding: ValueCoding, n_chunks: int, k: int) -
     else:
         scale = decode_scales(coded.scales, n_chunks, coded.scale_base, coded.scale_width)[:, None]
         if coding == ValueCoding.SIGN1:
-            bits = from_bytes(raw)
-            check_padding(bits, count, "sign section")
+            bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8))
+            if bits[count:].any():
+                raise Rejected(RejectCode.MALFORMED, "sign section: non-zero padding bits")
             neg = bits[:count].reshape(n_chunks, k).astype(bool)
             out = np.where(neg, -scale, scale).astype(np.float32)
         else:

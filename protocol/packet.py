@@ -184,12 +184,10 @@ def open_packet(
     """
     m = decode_frame(frame, MessageKind.STEP_PACKET, limits=limits)
     version = m.get("v")
-    if version != PACKET_VERSION or isinstance(version, bool):
-        if isinstance(version, int) and not isinstance(version, bool):
-            raise Rejected(
-                RejectCode.UNSUPPORTED_VERSION, f"step packet version {version}; this node speaks 1"
-            )
+    if isinstance(version, bool) or not isinstance(version, int):
         raise Rejected(RejectCode.MALFORMED, "field 'v' must be an int")
+    if version != PACKET_VERSION:
+        raise Rejected(RejectCode.UNSUPPORTED_VERSION, f"step packet version {version}; this node speaks 1")
     if m.keys() != _KEYS:
         raise Rejected(RejectCode.MALFORMED, f"fields {sorted(m)}; expected {sorted(_KEYS)}")
     run = m["run"]

@@ -204,6 +204,7 @@ def _rand_value(r: random.Random) -> Any:
             2**63,
             2**64 - 1,
             -(2**63),
+            1.0,
             1.5,
             float("nan"),
             "",
@@ -380,6 +381,7 @@ def test_decoder_survives_100k_mutated_packets() -> None:
 # --- hypothesis ------------------------------------------------------------------------------------
 
 _FIELD = st.one_of(
+    st.sampled_from([1, 1.0, True, 0, 2, "fuzz-run", b"", bytes(32), bytes(64)]),
     st.none(),
     st.booleans(),
     st.integers(min_value=-(2**63), max_value=2**64 - 1),

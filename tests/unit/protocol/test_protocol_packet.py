@@ -109,6 +109,8 @@ def test_bad_signature_on_every_field() -> None:
         ("v", 2, RejectCode.UNSUPPORTED_VERSION),
         ("v", "1", RejectCode.MALFORMED),
         ("v", True, RejectCode.MALFORMED),
+        ("v", 1.0, RejectCode.MALFORMED),
+        ("v", None, RejectCode.MALFORMED),
         ("step", -1, RejectCode.MALFORMED),
         ("step", True, RejectCode.MALFORMED),
         ("step", 1.0, RejectCode.MALFORMED),

@@ -67,7 +67,19 @@ class Ctx:
 
 
 R = Route
+# Hot routes first: aiohttp tries routes in registration order.
 ROUTES: list[Route] = [
+    R("POST", "/runs/{run_id}/heartbeat", "heartbeat", "signed", api.HEARTBEAT, "Liveness, step, loss."),
+    R("POST", "/runs/{run_id}/leases", "lease", "signed", api.LEASE, "Lease shards."),
+    R("POST", "/runs/{run_id}/leases/{unit}/renew", "renew", "signed", api.LEASE_TOKEN, "Renew a lease."),
+    R(
+        "POST",
+        "/runs/{run_id}/leases/{unit}/complete",
+        "complete",
+        "signed",
+        api.LEASE_TOKEN,
+        "Complete a lease.",
+    ),
     R("GET", "/openapi.json", "openapi", "none", None, "This document."),
     R("GET", "/health", "health", "none", None, "Liveness and storage state."),
     R("GET", "/runs", "list_runs", "none", None, "Ids of every run."),
@@ -105,17 +117,6 @@ ROUTES: list[Route] = [
         "A challenge to sign for join.",
     ),
     R("POST", "/runs/{run_id}/join", "join", "none", api.JOIN, "Join with a signed challenge."),
-    R("POST", "/runs/{run_id}/leases", "lease", "signed", api.LEASE, "Lease shards."),
-    R("POST", "/runs/{run_id}/leases/{unit}/renew", "renew", "signed", api.LEASE_TOKEN, "Renew a lease."),
-    R(
-        "POST",
-        "/runs/{run_id}/leases/{unit}/complete",
-        "complete",
-        "signed",
-        api.LEASE_TOKEN,
-        "Complete a lease.",
-    ),
-    R("POST", "/runs/{run_id}/heartbeat", "heartbeat", "signed", api.HEARTBEAT, "Liveness, step, loss."),
     R("POST", "/runs/{run_id}/receipts", "receipts", "signed", api.RECEIPTS, "Signed packet receipts."),
     R("POST", "/runs/{run_id}/leave", "leave", "signed", api.EMPTY, "Leave the run, giving leases back."),
     R("GET", "/metrics", "metrics", "none", None, "Prometheus metrics.", raw=True),
@@ -242,8 +243,7 @@ class CoordinatorApp:
             resp = json_response(
                 error_body(ApiErrorCode.INTERNAL, "internal error; see the coordinator log"), 500
             )
-        self.metrics.requests.labels(route, str(resp.status)).inc()
-        self.metrics.latency.labels(route).observe(time.perf_counter() - t0)
+        self.metrics.observe(route, resp.status, time.perf_counter() - t0)
         return resp
 
     def _wrap(self, r: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:

@@ -14,6 +14,9 @@ import re
 import time
 from collections import deque
 
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
 from distronet.protocol import identity
 from distronet.protocol.coordinator_api import (
     HDR_NONCE,
@@ -29,6 +32,9 @@ from distronet.protocol.coordinator_api import (
 
 __all__ = ["NonceCache", "RateLimiter", "SignedHeaders", "check_bearer", "parse_signed", "verify_signed"]
 
+# peer id string -> public key: parsing base58 costs more than the rest of the check.
+_KEYS: dict[str, Ed25519PublicKey] = {}
+_MAX_KEYS = 200_000
 _NONCE_RE = re.compile(r"[A-Za-z0-9_-]{16,64}")
 _PEER_RE = re.compile(PEER_RE)
 
@@ -46,16 +52,14 @@ def check_bearer(header: str | None, token: str | None) -> None:
 class SignedHeaders:
     """The parsed signature headers of one request."""
 
-    __slots__ = ("nonce", "peer", "peer_id", "signature", "ts_ms")
+    __slots__ = ("key", "nonce", "peer", "signature", "ts_ms")
 
-    def __init__(self, peer: str, peer_id: bytes, ts_ms: int, nonce: str, signature: bytes) -> None:
-        self.peer, self.peer_id, self.ts_ms, self.nonce, self.signature = (
-            peer,
-            peer_id,
-            ts_ms,
-            nonce,
-            signature,
-        )
+    def __init__(self, peer: str, key: Ed25519PublicKey, ts_ms: int, nonce: str, signature: bytes) -> None:
+        self.peer = peer
+        self.key = key
+        self.ts_ms = ts_ms
+        self.nonce = nonce
+        self.signature = signature
 
 
 def parse_signed(headers: object, *, skew_s: float, not_before_ms: int, now: float) -> SignedHeaders:
@@ -68,10 +72,15 @@ def parse_signed(headers: object, *, skew_s: float, not_before_ms: int, now: flo
         )
     if len(peer) > 64 or not _PEER_RE.fullmatch(peer):
         raise ApiError(ApiErrorCode.BAD_SIGNATURE, f"{HDR_PEER} is not a peer id")
-    try:
-        peer_id = identity.peer_id_from_b58(peer)
-    except ValueError:
-        raise ApiError(ApiErrorCode.BAD_SIGNATURE, f"{HDR_PEER} is not an Ed25519 peer id") from None
+    key = _KEYS.get(peer)
+    if key is None:
+        try:
+            key = identity.public_key_from_peer_id(identity.peer_id_from_b58(peer))
+        except ValueError:
+            raise ApiError(ApiErrorCode.BAD_SIGNATURE, f"{HDR_PEER} is not an Ed25519 peer id") from None
+        if len(_KEYS) >= _MAX_KEYS:
+            _KEYS.clear()
+        _KEYS[peer] = key
     if not (0 < len(ts) <= 16 and ts.isdigit()):
         raise ApiError(ApiErrorCode.BAD_SIGNATURE, f"{HDR_TIME} must be milliseconds since the epoch")
     ts_ms = int(ts)
@@ -81,13 +90,17 @@ def parse_signed(headers: object, *, skew_s: float, not_before_ms: int, now: flo
         )
     if not _NONCE_RE.fullmatch(nonce):
         raise ApiError(ApiErrorCode.BAD_SIGNATURE, f"{HDR_NONCE} must be 16-64 characters of [A-Za-z0-9_-]")
-    return SignedHeaders(peer, peer_id, ts_ms, nonce, b64decode_sig(sig))
+    return SignedHeaders(peer, key, ts_ms, nonce, b64decode_sig(sig))
 
 
 def verify_signed(h: SignedHeaders, method: str, path: str, body: bytes) -> None:
     """Raise ApiError(BAD_SIGNATURE) unless the signature covers this exact request."""
-    if not identity.verify(h.peer_id, request_message(method, path, h.ts_ms, h.nonce, body), h.signature):
-        raise ApiError(ApiErrorCode.BAD_SIGNATURE, "request signature does not verify for this peer id")
+    try:
+        h.key.verify(h.signature, request_message(method, path, h.ts_ms, h.nonce, body))
+    except InvalidSignature:
+        raise ApiError(
+            ApiErrorCode.BAD_SIGNATURE, "request signature does not verify for this peer id"
+        ) from None
 
 
 class NonceCache:

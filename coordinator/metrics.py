@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -74,6 +74,19 @@ class Metrics:
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5), registry=self.registry,
         )  # fmt: skip
         self.registry.register(_StateCollector(svc))
+        self._children: dict[tuple[str, int], tuple[Any, Any]] = {}
+
+    def observe(self, route: str, status: int, seconds: float) -> None:
+        """Count one request (label children cached: this runs on every request)."""
+        key = (route, status)
+        pair = self._children.get(key)
+        if pair is None:
+            pair = self._children[key] = (
+                self.requests.labels(route, str(status)),
+                self.latency.labels(route),
+            )
+        pair[0].inc()
+        pair[1].observe(seconds)
 
     def on_commit(self, rows: int, seconds: float) -> None:
         self.batch.observe(rows)

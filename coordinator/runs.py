@@ -118,6 +118,9 @@ class RunState:
         self.loss_sum = 0.0
         self.loss_n = 0
         self.loss_last_emit = 0.0
+        self._tokens_per_epoch = sum(s.tokens for s in self.shards)
+        self._live = 0
+        self._live_at = -1e18
         self._median_speed = 0.0
         self._median_at = -1e18
 
@@ -127,7 +130,14 @@ class RunState:
 
     @property
     def tokens_total(self) -> int:
-        return sum(s.tokens for s in self.shards) * self.epochs
+        return self._tokens_per_epoch * self.epochs
+
+    def live_count(self, now: float) -> int:
+        """Live nodes, counted at most once a second (heartbeats ask for it on every call)."""
+        if now - self._live_at >= 1.0:
+            self._live = len(self.live_nodes(now))
+            self._live_at = now
+        return self._live
 
     def shard_of(self, unit: int) -> tuple[int, Shard]:
         """(epoch, shard) of a unit."""

@@ -318,7 +318,7 @@ class Coordinator:
                     run.id, "loss", step=run.max_step, loss=run.loss_sum / run.loss_n, reports=run.loss_n
                 )
                 run.loss_sum, run.loss_n, run.loss_last_emit = 0.0, 0, now
-        return {"renewed": renewed, "peers_live": len(run.live_nodes(now)), "step": run.max_step}
+        return {"renewed": renewed, "peers_live": run.live_count(now), "step": run.max_step}
 
     def receipts(
         self, run: RunState, submitter: NodeRecord, receipts: list[dict[str, Any]]

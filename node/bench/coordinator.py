@@ -1,19 +1,334 @@
-"""`distro-node bench coordinator` (slot; not built yet)."""
+"""`distro-node bench coordinator`: lease/heartbeat load against a real coordinator over HTTP.
+
+The load generator is this process; the coordinator is a child process (``serve`` on a
+loopback port, SQLite in a temporary folder) unless ``--url`` names a running one. Setup
+(create a run with ``--shards`` shards, admit ``--peers`` nodes by signed challenge) is not
+timed. Then requests are *scheduled* at ``--rate`` per second (open loop, so a slow server
+cannot hide its latency by slowing the generator) over ``--concurrency`` keep-alive
+connections, each a freshly signed node call: heartbeat (renews the peer's leases), lease,
+or complete (of a lease the peer holds). Latency runs from the scheduled time to the last
+byte of the answer.
+
+    distro-node bench coordinator --duration 10 --rate 2500 --json
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
 import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from distronet.node.exitcodes import ExitCode
 
+__all__ = ["add_parser", "run_bench"]
 
-def _not_built(_args: argparse.Namespace) -> int:
-    print("distro-node bench coordinator: not built yet", file=sys.stderr)
-    return int(ExitCode.USAGE)
+TOKEN = "bench-operator-token"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register `distro-node bench coordinator`."""
-    p = sub.add_parser("coordinator", help="(not built yet)")
-    p.set_defaults(func=_not_built)
+    p = sub.add_parser(
+        "coordinator", help="load-test a coordinator: lease/heartbeat requests per second, p99"
+    )
+    p.add_argument("--url", default=None, help="a running coordinator (default: start one with SQLite)")
+    p.add_argument("--operator-token", default=TOKEN, help="operator token of --url")
+    p.add_argument(
+        "--db", default=None, help="database URL for the started coordinator (default: temp SQLite)"
+    )
+    p.add_argument("--sqlite-sync", default="FULL", choices=["FULL", "NORMAL"])
+    p.add_argument("--duration", type=float, default=10.0, help="seconds of timed load")
+    p.add_argument("--warmup", type=float, default=2.0, help="seconds of untimed load first")
+    p.add_argument("--rate", type=float, default=2500.0, help="requests scheduled per second")
+    p.add_argument("--concurrency", type=int, default=64, help="keep-alive connections")
+    p.add_argument(
+        "--peers", type=int, default=250, help="simulated nodes (each under the per-peer rate limit)"
+    )
+    p.add_argument("--shards", type=int, default=200_000)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    try:
+        import uvloop
+
+        result = uvloop.run(run_bench(args))
+    except ImportError:
+        result = asyncio.run(run_bench(args))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print(f"{k:>22}: {v}")
+    return int(ExitCode.OK)
+
+
+class RawConn:
+    """A minimal HTTP/1.1 keep-alive client: the generator must cost less than the server."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def request(
+        self, method: str, path: str, headers: dict[str, str], body: bytes
+    ) -> tuple[int, bytes]:
+        if self.writer is None or self.writer.is_closing():
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        assert self.reader is not None
+        head = [f"{method} {path} HTTP/1.1", f"Host: {self.host}", f"Content-Length: {len(body)}"]
+        head += [f"{k}: {v}" for k, v in headers.items()]
+        self.writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+        line = await self.reader.readline()
+        status = int(line.split(b" ", 2)[1])
+        length = 0
+        close = False
+        while True:
+            h = await self.reader.readline()
+            if h in (b"\r\n", b""):
+                break
+            k, _, v = h.partition(b":")
+            k = k.strip().lower()
+            if k == b"content-length":
+                length = int(v)
+            elif k == b"connection" and v.strip().lower() == b"close":
+                close = True
+        data = await self.reader.readexactly(length) if length else b""
+        if close:
+            self.writer.close()
+            self.writer = None
+        return status, data
+
+
+@dataclass
+class Peer:
+    ident: Any
+    held: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Stats:
+    lat: list[float] = field(default_factory=list)
+    ok: int = 0
+    errors: int = 0
+    codes: dict[str, int] = field(default_factory=dict)
+    kinds: dict[str, int] = field(default_factory=dict)
+
+
+async def _start_server(args: argparse.Namespace, tmp: str) -> tuple[subprocess.Popen[bytes], str]:
+    port_file = Path(tmp) / "port"
+    cmd = [
+        sys.executable, "-m", "distronet.coordinator.cli", "serve", "--port", "0", "--port-file", str(port_file),
+        "--data-dir", tmp, "--operator-token", args.operator_token, "--sqlite-sync", args.sqlite_sync,
+        "--log-level", "WARNING",
+    ]  # fmt: skip
+    if args.db:
+        cmd += ["--db", args.db]
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not port_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("the coordinator did not start")
+        await asyncio.sleep(0.05)
+    return proc, f"http://127.0.0.1:{port_file.read_text().strip()}"
+
+
+async def _setup(url: str, args: argparse.Namespace, run_id: str) -> list[Peer]:
+    import aiohttp
+
+    from distronet.node.coordinator_client import CoordinatorClient
+    from distronet.protocol.identity import Identity
+
+    shards = [
+        {
+            "id": f"s{i}",
+            "url": f"https://data.invalid/{i}",
+            "sha256": "0" * 64,
+            "tokens": 65536,
+            "bytes": 65536,
+        }
+        for i in range(args.shards)
+    ]
+    spec = {
+        "id": run_id,
+        "data": {"manifest": {"version": 1, "tokenizer": "byte", "dtype": "uint8", "shards": shards}},
+    }
+    async with aiohttp.ClientSession() as s:
+        r = await s.post(
+            url + "/api/v1/runs", json=spec, headers={"Authorization": f"Bearer {args.operator_token}"}
+        )
+        if r.status not in (200, 201):
+            raise RuntimeError(f"cannot create the run: {r.status} {await r.text()}")
+    peers = [Peer(Identity.generate()) for _ in range(max(args.peers, int(args.rate / 10) + 1))]
+
+    async def join(p: Peer) -> None:
+        async with CoordinatorClient(url, run_id, p.ident) as c:
+            for _ in range(20):  # the per-IP limit on challenge/join paces admissions
+                try:
+                    await c.join(multiaddrs=["/ip4/127.0.0.1/tcp/4001"])
+                    return
+                except Exception:
+                    await asyncio.sleep(0.5)
+            raise RuntimeError("join failed")
+
+    for i in range(0, len(peers), 20):
+        await asyncio.gather(*(join(p) for p in peers[i : i + 20]))
+    return peers
+
+
+async def _load(url: str, run_id: str, peers: list[Peer], args: argparse.Namespace, seconds: float) -> Stats:
+    from distronet.protocol.coordinator_api import sign_request
+
+    host, port = url.split("//")[1].split(":")
+    conns = [RawConn(host, int(port)) for _ in range(args.concurrency)]
+    queue: asyncio.Queue[float | None] = asyncio.Queue()
+    stats = Stats()
+    counter = [0]
+    base = f"/api/v1/runs/{run_id}"
+
+    # Pre-sign the heartbeats and leases of this phase (the generator must not be the bottleneck;
+    # completions need a lease token from an answer, so they are signed on the fly).
+    planned: list[tuple[str, str, bytes, dict[str, str], Peer]] = []
+    for i in range(int(args.rate * seconds * 1.05) + 16):
+        p = peers[i % len(peers)]
+        if (i // len(peers)) % 2:
+            kind, path, obj = "lease", f"{base}/leases", {"want": 1}
+        else:
+            kind, path, obj = "heartbeat", f"{base}/heartbeat", {"step": i, "loss": 2.0}
+        body = json.dumps(obj).encode()
+        headers = sign_request(p.ident, "POST", path, body)
+        headers["Content-Type"] = "application/json"
+        planned.append((kind, path, body, headers, p))
+
+    def next_call() -> tuple[str, str, bytes, dict[str, str], Peer]:
+        i = counter[0]
+        counter[0] += 1
+        kind, path, body, headers, p = planned[i % len(planned)]
+        if kind == "lease" and p.held:
+            lease = p.held.pop(0)
+            path = f"{base}/leases/{lease['unit']}/complete"
+            body = json.dumps({"lease_token": lease["lease_token"]}).encode()
+            headers = sign_request(p.ident, "POST", path, body)
+            headers["Content-Type"] = "application/json"
+            return "complete", path, body, headers, p
+        return kind, path, body, headers, p
+
+    async def worker(conn: RawConn) -> None:
+        while True:
+            scheduled = await queue.get()
+            if scheduled is None:
+                return
+            kind, path, body, headers, p = next_call()
+            try:
+                status, data = await conn.request("POST", path, headers, body)
+            except (OSError, asyncio.IncompleteReadError, ValueError) as e:
+                stats.errors += 1
+                stats.codes[type(e).__name__] = stats.codes.get(type(e).__name__, 0) + 1
+                conn.writer = None
+                continue
+            stats.lat.append(time.perf_counter() - scheduled)
+            stats.kinds[kind] = stats.kinds.get(kind, 0) + 1
+            if status == 200:
+                stats.ok += 1
+                if kind == "lease":
+                    p.held.extend(json.loads(data)["leases"])
+            else:
+                stats.errors += 1
+                stats.codes[str(status)] = stats.codes.get(str(status), 0) + 1
+
+    workers = [asyncio.create_task(worker(c)) for c in conns]
+    t0 = time.perf_counter()
+    sent = 0
+    while True:
+        now = time.perf_counter()
+        if now - t0 >= seconds:
+            break
+        due = int((now - t0) * args.rate)
+        while sent < due:
+            queue.put_nowait(t0 + sent / args.rate)
+            sent += 1
+        await asyncio.sleep(0.002)
+    for _ in workers:
+        queue.put_nowait(None)
+    await asyncio.gather(*workers)
+    for c in conns:
+        if c.writer is not None:
+            c.writer.close()
+    return stats
+
+
+def _cpu_seconds(proc: subprocess.Popen[bytes] | None) -> float:
+    """User+system CPU seconds of the coordinator process (Linux /proc; 0 elsewhere)."""
+    if proc is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """Start (or use) a coordinator, load it, and return the figures (see the module docstring)."""
+    proc: subprocess.Popen[bytes] | None = None
+    with tempfile.TemporaryDirectory(prefix="distro-bench-coord-") as tmp:
+        try:
+            if args.url:
+                url = args.url.rstrip("/")
+            else:
+                proc, url = await _start_server(args, tmp)
+            run_id = f"bench-{os.getpid()}-{int(time.time())}"
+            peers = await _setup(url, args, run_id)
+            if args.warmup > 0:
+                await _load(url, run_id, peers, args, args.warmup)
+            cpu0 = _cpu_seconds(proc)
+            t0 = time.perf_counter()
+            st = await _load(url, run_id, peers, args, args.duration)
+            elapsed = time.perf_counter() - t0
+            cpu = _cpu_seconds(proc) - cpu0
+        finally:
+            if proc is not None:
+                proc.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=20)
+                if proc.poll() is None:
+                    proc.kill()
+    total = st.ok + st.errors
+    p99 = _pct(st.lat, 0.99) * 1000
+    rps = st.ok / elapsed
+    return {
+        "requests": total,
+        "requests_per_second": round(rps, 1),
+        "target_rate": args.rate,
+        "p50_ms": round(_pct(st.lat, 0.50) * 1000, 2),
+        "p90_ms": round(_pct(st.lat, 0.90) * 1000, 2),
+        "p99_ms": round(p99, 2),
+        "max_ms": round(max(st.lat, default=float("nan")) * 1000, 2),
+        "errors": st.errors,
+        "error_codes": st.codes,
+        "mix": st.kinds,
+        "server_cpu_us_per_request": round(cpu / max(total, 1) * 1e6, 1) if proc is not None else None,
+        "peers": len(peers),
+        "concurrency": args.concurrency,
+        "duration_s": round(elapsed, 2),
+        "store": args.db or (f"sqlite (synchronous={args.sqlite_sync})" if not args.url else "remote"),
+        "meets_target": bool(rps >= 2000 and p99 < 50 and st.errors == 0),
+    }

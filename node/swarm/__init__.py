@@ -1,0 +1,51 @@
+"""The node's libp2p transport over the p2pd that the hivemind 1.1.12 wheel bundles.
+
+Parts (each usable alone; :class:`~distronet.node.swarm.stack.Swarm` starts them together):
+
+- ``p2p``        :class:`SwarmHost` — one p2pd per node (DHT, streams, gossipsub), our Ed25519 key.
+- ``pubsub``     :class:`Gossip` — gossipsub over p2pd's control socket (small announcements only).
+- ``membership`` :class:`Membership` — expiring, signed DHT records under the run's key.
+- ``pull``       :class:`Puller`, :class:`ContentStore` — payloads by sha256 over direct streams.
+- ``stack``      :class:`Swarm` — the above as one object; ``announce_topic(run_id)``.
+
+p2pd / hivemind quirks learned building this (hivemind 1.1.12, its bundled p2pd):
+
+- ``import hivemind`` imports torch and ``hivemind.moe``, which trips torch's
+  ``torch.jit.script`` DeprecationWarning (an error under our pytest settings) and takes
+  seconds; this package imports hivemind once with that one warning silenced.
+- ``P2P.create`` builds p2pd's flags in the static ``_make_process_args``; a subclass that adds
+  ``-pubsub`` there works (one daemon serves hivemind's DHT, our streams and gossipsub). The
+  subclass is made per start so flags (``-metricsAddr``, gossipsub heartbeat) are not global.
+- ``P2P.create`` has no overall deadline (only the "Peer ID:" line is awaited with
+  ``startup_timeout``) and, if cancelled midway, leaves the child running: we wrap it in a
+  deadline and terminate any half-built instance.
+- ``P2P.create(identity_path=missing)`` silently writes an *RSA* key there; we refuse a missing
+  file instead. p2pd reads our Ed25519 libp2p-protobuf key file fine (peer id ``12D3KooW…``).
+- ``check_if_identity_free`` (default on) starts a second, throwaway p2pd to probe the swarm
+  whenever an identity file and bootstrap peers are given: slow; we turn it off.
+- ``-idleTimeout`` counts from the last persistent control connection: when the Python process
+  dies (even by SIGKILL) p2pd exits within about a second, so a crashed node leaves no daemon.
+- ``P2P.shutdown`` waits on the child with no deadline: we SIGKILL after ``close_timeout_s``.
+- The control client has no pubsub calls; PSRequest SUBSCRIBE answers one ``Response`` and then
+  streams varint-delimited ``PSMessage``s on the same connection until it is closed (closing
+  unsubscribes). Our own publishes are delivered to our own subscriptions. ``from`` is a Python
+  keyword: read it with ``getattr(msg, "from")``. ``-pubsubSign``/``Strict`` default on, so the
+  sender is authenticated by libp2p.
+- gossipsub needs its heartbeat to graft a mesh (1 s default); ``PSRequest LIST_PEERS`` on a
+  topic is the readiness condition before publishing (flood-publish then reaches every known
+  subscriber). Messages over 1 MiB are dropped silently: gossip carries ≤ 1 KiB announcements.
+- hivemind's DHT validator sees the *hashed* key, the msgpack-*serialised* sub-key and value,
+  and every record in the DHT, so our signed-record validator keys on the sub-key (peer id).
+  A stored record cannot be shortened or deleted (the latest expiry wins): graceful leave writes
+  a tombstone with a later expiry. DHT expiry is wall-clock (``get_dht_time``).
+- ``DHTNode.create(p2p=...)`` over the shared ``P2P`` runs in our own loop; ``ensure_bootstrap_
+  success`` must be False for the first node (no initial peers).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*", category=DeprecationWarning)
+    import hivemind  # noqa: F401  (imported once here, with its import-time warning silenced)

@@ -1,0 +1,214 @@
+"""One p2pd per node, serving hivemind's DHT, our streams and gossipsub.
+
+``SwarmHost.start(config)`` launches the p2pd that the hivemind wheel bundles through
+``hivemind.P2P.create`` with ``-pubsub`` added (a per-start subclass overrides the static
+``_make_process_args``), waits for it with a deadline, and hands out the ``P2P`` object that the
+DHT (`membership`), the payload streams (`pull`) and the gossip client (`pubsub`) share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+from hivemind.p2p import P2P, PeerID
+from hivemind.utils.multiaddr import Multiaddr
+
+from distronet.node.swarm.errors import DaemonError
+from distronet.protocol.errors import ConfigError
+
+__all__ = ["SwarmConfig", "SwarmHost", "with_deadline"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SwarmConfig:
+    """How a node's p2pd is started.
+
+    ``host_maddrs`` are listened on (loopback by default); ``bootstrap`` are full multiaddrs with
+    ``/p2p/<id>``; ``identity_path`` is an existing libp2p protobuf private-key file (Ed25519 from
+    ``distronet.protocol.identity``) — None gives a throwaway key. ``nat_traversal`` turns on
+    AutoNAT, UPnP port mapping and relays (off for loopback tests). ``gossip_heartbeat_s`` sets
+    gossipsub's heartbeat (default 1 s in p2pd; tests use less so meshes form quickly).
+    ``idle_timeout_s``: p2pd exits by itself this long after our control connection is gone, so a
+    crashed node leaves no daemon behind.
+    """
+
+    host_maddrs: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)
+    announce_maddrs: tuple[str, ...] = ()
+    bootstrap: tuple[str, ...] = ()
+    identity_path: str | None = None
+    metrics_addr: str | None = None
+    nat_traversal: bool = True
+    gossip_heartbeat_s: float | None = None
+    startup_timeout_s: float = 15.0
+    idle_timeout_s: float = 30.0
+    call_timeout_s: float = 10.0
+    close_timeout_s: float = 5.0
+
+
+async def with_deadline(aw: Awaitable[T], timeout: float, what: str) -> T:
+    """Await ``aw`` for at most ``timeout`` seconds; raise ``DaemonError`` naming ``what`` if late."""
+    try:
+        return await asyncio.wait_for(aw, timeout)
+    except asyncio.TimeoutError:
+        raise DaemonError(f"{what}: no answer within {timeout:.1f} s") from None
+
+
+class _PubsubP2P(P2P):  # type: ignore[misc]
+    """hivemind's P2P with extra p2pd flags. Subclassed per start (``_flags``, ``_instances``)."""
+
+    _flags: ClassVar[dict[str, Any]] = {}
+    _instances: ClassVar[list[P2P]] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        type(self)._instances.append(self)
+
+    @classmethod
+    def _make_process_args(cls, *args: Any, **kwargs: Any) -> list[str]:
+        kwargs.update(cls._flags)
+        out: list[str] = P2P._make_process_args(*args, **kwargs)
+        return out
+
+
+def _daemon_flags(config: SwarmConfig) -> dict[str, Any]:
+    flags: dict[str, Any] = {"pubsub": 1, "pubsubRouter": "gossipsub"}
+    if config.metrics_addr:
+        flags["metricsAddr"] = config.metrics_addr
+    if config.gossip_heartbeat_s is not None:
+        flags["gossipsubHeartbeatInterval"] = f"{config.gossip_heartbeat_s}s"
+        flags["gossipsubHeartbeatInitialDelay"] = f"{min(0.1, config.gossip_heartbeat_s)}s"
+    return flags
+
+
+class SwarmHost:
+    """A running p2pd and the hivemind ``P2P`` client attached to it. Build with :meth:`start`."""
+
+    def __init__(self, p2p: P2P, config: SwarmConfig) -> None:
+        self.p2p = p2p
+        self.config = config
+        self._closed = False
+
+    @classmethod
+    async def start(cls, config: SwarmConfig) -> SwarmHost:
+        """Launch p2pd and connect to it.
+
+        Raises:
+            ConfigError: ``identity_path`` given but missing (hivemind would write an RSA key there).
+            DaemonError: p2pd did not start and answer within ``startup_timeout_s`` (+ one call).
+        """
+        if config.identity_path is not None and not os.path.isfile(config.identity_path):
+            raise ConfigError(
+                f"identity file {config.identity_path!r} does not exist; create it with "
+                "distronet.protocol.identity.Identity.generate().save(path)"
+            )
+        cls_p2p: type[_PubsubP2P] = type(
+            "_RunP2P", (_PubsubP2P,), {"_flags": _daemon_flags(config), "_instances": []}
+        )
+        create = cls_p2p.create(
+            initial_peers=list(config.bootstrap) or None,
+            host_maddrs=list(config.host_maddrs),
+            announce_maddrs=list(config.announce_maddrs) or None,
+            identity_path=config.identity_path,
+            idle_timeout=config.idle_timeout_s,
+            startup_timeout=config.startup_timeout_s,
+            auto_nat=config.nat_traversal,
+            nat_port_map=config.nat_traversal,
+            use_relay=config.nat_traversal,
+            check_if_identity_free=False,
+        )
+        try:
+            p2p = await with_deadline(create, config.startup_timeout_s + config.call_timeout_s, "p2pd start")
+        except BaseException as e:
+            for half_built in cls_p2p._instances:  # never leave a daemon behind a failed start
+                half_built._terminate()
+            if isinstance(e, DaemonError | asyncio.CancelledError):
+                raise
+            raise DaemonError(f"p2pd failed to start: {e}") from e
+        return cls(p2p, config)
+
+    @property
+    def peer_id(self) -> PeerID:
+        pid: PeerID = self.p2p.peer_id
+        return pid
+
+    @property
+    def peer_id_b58(self) -> str:
+        return str(self.p2p.peer_id.to_base58())
+
+    @property
+    def pid(self) -> int | None:
+        """The p2pd process id (for tests and metrics), or None once it is gone."""
+        child = self.p2p._child
+        return None if child is None else int(child.pid)
+
+    @property
+    def alive(self) -> bool:
+        child = self.p2p._child
+        return not self._closed and child is not None and child.returncode is None
+
+    @property
+    def control_maddr(self) -> Multiaddr:
+        """The daemon's control socket (what the gossip client connects to)."""
+        return self.p2p.daemon_listen_maddr
+
+    async def maddrs(self) -> list[str]:
+        """Our dialable multiaddrs, each ending in ``/p2p/<peer id>`` (for others' bootstrap)."""
+        got = await with_deadline(
+            self.p2p.get_visible_maddrs(latest=True), self.config.call_timeout_s, "identify"
+        )
+        return [str(m) for m in got]
+
+    async def connect(self, maddr: str) -> None:
+        """Dial a peer by full multiaddr. Raises DaemonError when it fails or runs late."""
+        m = Multiaddr(maddr)
+        peer = PeerID.from_base58(m["p2p"])
+        bare = m.decapsulate(Multiaddr(f"/p2p/{m['p2p']}"))
+        try:
+            await with_deadline(self.p2p._client.connect(peer, [bare]), self.config.call_timeout_s, "connect")
+        except DaemonError:
+            raise
+        except Exception as e:
+            raise DaemonError(f"cannot connect to {maddr}: {e}") from e
+
+    async def connected_peers(self) -> list[PeerID]:
+        infos = await with_deadline(self.p2p.list_peers(), self.config.call_timeout_s, "list peers")
+        return [info.peer_id for info in infos]
+
+    async def close(self) -> None:
+        """Stop p2pd: SIGTERM, then SIGKILL after ``close_timeout_s``. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        child = self.p2p._child
+        try:
+            await asyncio.wait_for(self.p2p.shutdown(), self.config.close_timeout_s)
+        except asyncio.TimeoutError:
+            if child is not None and child.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.kill()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(child.wait(), self.config.close_timeout_s)
+        await asyncio.sleep(0)  # let cancelled control tasks finish before reaping them
+        self._reap_client_tasks()
+
+    def _reap_client_tasks(self) -> None:
+        """Mark hivemind's control-connection tasks as retrieved (they fail once p2pd is gone)."""
+        control = getattr(getattr(self.p2p, "_client", None), "control", None)
+        for task in (getattr(control, "_read_task", None), getattr(control, "_write_task", None)):
+            if task is not None and task.done() and not task.cancelled():
+                task.exception()
+
+    def kill(self) -> None:
+        """SIGKILL p2pd without any goodbye (crash simulation for tests and chaos)."""
+        pid = self.pid
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,283 @@
+"""Payloads pulled over direct libp2p streams by content hash (sha256), with a small store.
+
+Wire (protocol ``/distronet/pull/1``), one request per stream::
+
+    request   b"DNP1" | sha256 (32 bytes) | max_bytes (u64 BE)
+    response  status (u8: 0 OK, 1 NOT_FOUND, 2 TOO_LARGE) | size (u64 BE) | size bytes (OK only)
+
+The puller checks the declared size against its limit (and the announced size) *before* reading,
+reads through the download budget, verifies the hash, and keeps the bytes in its own store so
+that other peers can pull them from it. The server sends through the upload budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from hivemind.p2p import PeerID
+from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
+
+from distronet.node.budget import Bandwidth
+from distronet.node.swarm.errors import PullError, PullTimeout
+from distronet.node.swarm.p2p import SwarmHost, with_deadline
+from distronet.protocol.errors import RejectCode, Rejected
+
+__all__ = ["PULL_PROTOCOL", "ContentStore", "Puller", "encode_request", "encode_response_header"]
+
+log = logging.getLogger(__name__)
+
+PULL_PROTOCOL = "/distronet/pull/1"
+_MAGIC = b"DNP1"
+_REQUEST_LEN = 4 + 32 + 8
+_OK, _NOT_FOUND, _TOO_LARGE = 0, 1, 2
+_CHUNK = 64 * 1024
+
+
+def encode_request(digest: bytes, max_bytes: int) -> bytes:
+    return _MAGIC + digest + max_bytes.to_bytes(8, "big")
+
+
+def encode_response_header(status: int, size: int) -> bytes:
+    return bytes([status]) + size.to_bytes(8, "big")
+
+
+class ContentStore:
+    """In-memory payloads by sha256, tagged with a step; bounded by ``max_total_bytes``.
+
+    When full, whole oldest steps are evicted first. ``evict_before(step)`` drops everything
+    older than ``step`` (call it as the window of useful steps moves).
+    """
+
+    def __init__(self, max_total_bytes: int = 512 * 1024**2) -> None:
+        self.max_total_bytes = max_total_bytes
+        self._items: OrderedDict[bytes, tuple[int, bytes]] = OrderedDict()
+        self.total_bytes = 0
+
+    def put(self, data: bytes, step: int) -> bytes:
+        """Store ``data`` for ``step``; return its sha256. Raises ValueError if it alone is over the cap."""
+        if len(data) > self.max_total_bytes:
+            raise ValueError(f"{len(data)} bytes exceed the store's {self.max_total_bytes}-byte cap")
+        digest = hashlib.sha256(data).digest()
+        if digest in self._items:
+            return digest
+        while self.total_bytes + len(data) > self.max_total_bytes:
+            oldest = min(s for s, _ in self._items.values())
+            self.evict_before(oldest + 1)
+        self._items[digest] = (step, data)
+        self.total_bytes += len(data)
+        return digest
+
+    def get(self, digest: bytes) -> bytes | None:
+        item = self._items.get(digest)
+        return None if item is None else item[1]
+
+    def __contains__(self, digest: object) -> bool:
+        return digest in self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def evict_before(self, step: int) -> int:
+        """Drop payloads of steps < ``step``; return how many were dropped."""
+        old = [d for d, (s, _) in self._items.items() if s < step]
+        for d in old:
+            self.total_bytes -= len(self._items.pop(d)[1])
+        return len(old)
+
+
+class Puller:
+    """Serves this node's store over ``PULL_PROTOCOL`` and pulls from peers. Build with :meth:`create`."""
+
+    def __init__(
+        self,
+        host: SwarmHost,
+        store: ContentStore,
+        bandwidth: Bandwidth,
+        *,
+        serve_timeout_s: float,
+        protocol: str,
+    ) -> None:
+        self.host, self.store, self.bandwidth = host, store, bandwidth
+        self.serve_timeout_s, self.protocol = serve_timeout_s, protocol
+        self.served = 0
+
+    @classmethod
+    async def create(
+        cls,
+        host: SwarmHost,
+        store: ContentStore | None = None,
+        bandwidth: Bandwidth | None = None,
+        *,
+        serve_timeout_s: float = 30.0,
+        protocol: str = PULL_PROTOCOL,
+    ) -> Puller:
+        """Register the pull handler on ``host`` (``protocol`` differs from the default only in tests)."""
+        bw = bandwidth or Bandwidth.unlimited()
+        self = cls(host, store or ContentStore(), bw, serve_timeout_s=serve_timeout_s, protocol=protocol)
+        await with_deadline(
+            host.p2p.add_binary_stream_handler(protocol, self._serve),
+            host.config.call_timeout_s,
+            "register pull handler",
+        )
+        return self
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await with_deadline(
+                self.host.p2p.remove_binary_stream_handler(self.protocol),
+                self.host.config.call_timeout_s,
+                "unregister",
+            )
+
+    async def _serve(
+        self, info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        try:
+            await asyncio.wait_for(self._serve_one(reader, writer), self.serve_timeout_s)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError) as e:
+            log.debug("pull from %s not served: %r", info.peer_id, e)
+        finally:
+            writer.close()
+
+    async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        req = await reader.readexactly(_REQUEST_LEN)
+        if req[:4] != _MAGIC:
+            return
+        digest, max_bytes = req[4:36], int.from_bytes(req[36:], "big")
+        data = self.store.get(digest)
+        if data is None:
+            writer.write(encode_response_header(_NOT_FOUND, 0))
+        elif len(data) > max_bytes:
+            writer.write(encode_response_header(_TOO_LARGE, len(data)))
+        else:
+            head = encode_response_header(_OK, len(data))
+            self.bandwidth.up.record(len(head))
+            writer.write(head)
+            view = memoryview(data)
+            for off in range(0, len(data), _CHUNK):
+                piece = view[off : off + _CHUNK]
+                await self.bandwidth.up.acquire(len(piece))
+                writer.write(piece)
+                await writer.drain()
+            self.served += 1
+        await writer.drain()
+
+    async def fetch(
+        self,
+        peer: PeerID,
+        digest: bytes,
+        *,
+        max_bytes: int,
+        timeout: float,
+        size: int | None = None,
+        step: int = 0,
+    ) -> bytes:
+        """Pull ``digest`` from one ``peer`` within ``timeout`` seconds; store and return it.
+
+        Raises:
+            Rejected: TOO_LARGE (declared size over ``max_bytes``), MALFORMED (size differs from the
+                announced ``size``, bad status, or sha256 mismatch), TRUNCATED (stream ended early).
+            PullError: the peer does not have it, or the stream could not be opened.
+            PullTimeout: ``timeout`` passed.
+        """
+        have = self.store.get(digest)
+        if have is not None:
+            return have
+        try:
+            data = await asyncio.wait_for(self._fetch(peer, digest, max_bytes, size), timeout)
+        except asyncio.TimeoutError:
+            raise PullTimeout(f"pull of {digest.hex()[:16]} from {peer} took over {timeout:.2f} s") from None
+        self.store.put(data, step)
+        return data
+
+    async def _fetch(self, peer: PeerID, digest: bytes, max_bytes: int, size: int | None) -> bytes:
+        who = peer.to_base58()
+        try:
+            _, reader, writer = await self.host.p2p.call_binary_stream_handler(peer, self.protocol)
+        except Exception as e:
+            raise PullError(f"cannot open a pull stream to {who}: {e}") from e
+        try:
+            writer.write(encode_request(digest, max_bytes))
+            await writer.drain()
+            try:
+                head = await reader.readexactly(9)
+            except asyncio.IncompleteReadError:
+                raise Rejected(RejectCode.TRUNCATED, "pull response header", peer_id=who) from None
+            self.bandwidth.down.record(len(head))
+            status, declared = head[0], int.from_bytes(head[1:], "big")
+            if status == _NOT_FOUND:
+                raise PullError(f"{who} does not have {digest.hex()[:16]}")
+            if status == _TOO_LARGE or declared > max_bytes:
+                raise Rejected(
+                    RejectCode.TOO_LARGE, f"payload of {declared} > {max_bytes} bytes", peer_id=who
+                )
+            if status != _OK:
+                raise Rejected(RejectCode.MALFORMED, f"pull status {status}", peer_id=who)
+            if size is not None and declared != size:
+                raise Rejected(
+                    RejectCode.MALFORMED, f"declared {declared} bytes, announced {size}", peer_id=who
+                )
+            return await self._read_body(reader, declared, digest, who)
+        finally:
+            writer.close()
+
+    async def _read_body(self, reader: asyncio.StreamReader, size: int, digest: bytes, who: str) -> bytes:
+        buf, hasher = bytearray(), hashlib.sha256()
+        while len(buf) < size:
+            n = min(_CHUNK, size - len(buf))
+            await self.bandwidth.down.acquire(n)
+            try:
+                piece = await reader.readexactly(n)
+            except asyncio.IncompleteReadError as e:
+                raise Rejected(
+                    RejectCode.TRUNCATED, f"{len(buf) + len(e.partial)} of {size} bytes", peer_id=who
+                ) from None
+            hasher.update(piece)
+            buf += piece
+        if hasher.digest() != digest:
+            raise Rejected(
+                RejectCode.MALFORMED, "payload sha256 differs from the announced hash", peer_id=who
+            )
+        return bytes(buf)
+
+    async def pull(
+        self,
+        digest: bytes,
+        sources: Sequence[PeerID],
+        *,
+        max_bytes: int,
+        timeout: float,
+        size: int | None = None,
+        step: int = 0,
+    ) -> bytes:
+        """Pull ``digest`` from the first of ``sources`` that delivers, all within ``timeout`` seconds.
+
+        Sources are tried in order (producer first, then peers that already have it); a source that
+        fails or sends bad bytes is skipped. Raises PullTimeout when the deadline passes, PullError
+        (with each source's failure in ``causes``) when every source failed.
+        """
+        have = self.store.get(digest)
+        if have is not None:
+            return have
+        deadline = time.monotonic() + timeout
+        causes: dict[str, BaseException] = {}
+        for peer in sources:
+            if peer == self.host.peer_id:
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                return await self.fetch(peer, digest, max_bytes=max_bytes, timeout=left, size=size, step=step)
+            except (PullError, Rejected) as e:
+                causes[peer.to_base58()] = e
+        what = f"pull of {digest.hex()[:16]} from {len(sources)} source(s)"
+        if time.monotonic() >= deadline:
+            raise PullTimeout(f"{what} ran past {timeout:.2f} s", causes)
+        raise PullError(f"{what} failed", causes)

@@ -1,0 +1,265 @@
+"""The libp2p transport over REAL p2pd daemons on loopback: mesh, membership, gossip, pulls.
+
+Three nodes (A bootstraps B and C) are started once for the module; a fourth is started and
+SIGKILLed in the lapse test. Every wait is on a condition with a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import psutil
+import pytest
+import pytest_asyncio
+
+from distronet.node.budget import Bandwidth
+from distronet.node.swarm.errors import GossipError, PullError
+from distronet.node.swarm.membership import MembershipConfig
+from distronet.node.swarm.p2p import SwarmConfig
+from distronet.node.swarm.pull import Puller, encode_response_header
+from distronet.node.swarm.stack import Swarm
+from distronet.protocol.errors import RejectCode, Rejected
+from distronet.protocol.identity import Identity
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+RUN = "itest-run"
+TTL = 3.0
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+    """Poll ``check`` until true; fail the test if ``timeout`` seconds pass first."""
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def start_node(
+    tmp: Path, name: str, bootstrap: tuple[str, ...] = (), bandwidth: Bandwidth | None = None
+) -> Swarm:
+    identity = Identity.generate()
+    path = tmp / f"{name}.key"
+    identity.save(path)
+    config = SwarmConfig(
+        identity_path=str(path),
+        bootstrap=bootstrap,
+        nat_traversal=False,
+        gossip_heartbeat_s=0.2,
+        idle_timeout_s=5.0,
+    )
+    membership = MembershipConfig(run_id=RUN, ttl_s=TTL, renew_every_s=1.0, dht_wait_timeout_s=1.0)
+    return await Swarm.start(identity, config, membership, bandwidth=bandwidth)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def nodes(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[list[Swarm]]:
+    tmp = tmp_path_factory.mktemp("swarm")
+    a = await start_node(tmp, "a", bandwidth=Bandwidth.from_rates("40mbit", "unlimited"))
+    started = [a]
+    try:
+        boot = tuple(await a.host.maddrs())
+        started.append(await start_node(tmp, "b", boot))
+        started.append(await start_node(tmp, "c", boot))
+        yield started
+    finally:
+        pids = [n.host.pid for n in started]
+        for n in started:
+            await n.close()
+        for pid in pids:  # closed cleanly: no daemon left behind
+            assert pid is not None
+            assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+async def test_three_nodes_form_a_mesh_and_see_each_others_membership(nodes: list[Swarm]) -> None:
+    ids = {n.identity.peer_id_b58 for n in nodes}
+    assert {n.host.peer_id_b58 for n in nodes} == ids  # p2pd runs with our Ed25519 key file
+
+    async def all_see_all() -> bool:
+        views = await asyncio.gather(*(n.membership.members() for n in nodes))
+        return all(set(v) == ids for v in views)
+
+    await eventually(all_see_all, 10.0, "every node to see all three membership records")
+    member = (await nodes[1].membership.members())[nodes[0].identity.peer_id_b58]
+    assert any(m.endswith(nodes[0].identity.peer_id_b58) for m in member.maddrs)
+    assert member.expires_at > time.time()
+    assert set(await nodes[1].host.connected_peers()) >= {nodes[0].host.peer_id}
+
+
+async def test_announcement_from_one_node_reaches_the_others(nodes: list[Swarm]) -> None:
+    a, b, c = nodes
+    subs = [await n.gossip.subscribe(a.topic) for n in nodes]
+    try:
+        others = {b.host.peer_id, c.host.peer_id}
+
+        async def a_sees_subscribers() -> bool:
+            return set(await a.gossip.topic_peers(a.topic)) >= others
+
+        await eventually(a_sees_subscribers, 10.0, "gossip subscriptions to propagate")
+        assert a.topic in await a.gossip.topics()
+        note = b"announce:" + os.urandom(512)
+        await a.gossip.publish(a.topic, note)
+        for sub in subs[1:]:
+            msg = await sub.get(timeout=10.0)
+            assert (msg.data, msg.sender, msg.topic) == (note, a.host.peer_id, a.topic)
+        with pytest.raises(GossipError, match="over the 1024-byte cap"):
+            await a.gossip.publish(a.topic, b"x" * 1025)
+        with pytest.raises(asyncio.TimeoutError):  # own messages are not echoed back by default
+            await subs[0].get(timeout=0.3)
+    finally:
+        for sub in subs:
+            await sub.close()
+
+
+async def test_payload_pulled_from_producer_then_from_a_peer_within_budget(nodes: list[Swarm]) -> None:
+    a, b, c = nodes
+    payload = os.urandom(1_500_000)
+    digest = a.puller.store.put(payload, step=7)
+    up_before, served_before = a.bandwidth.up.total_bytes, a.puller.served
+    start = time.monotonic()
+    got = await b.puller.pull(
+        digest, [a.host.peer_id], max_bytes=2**21, timeout=20.0, size=len(payload), step=7
+    )
+    elapsed = time.monotonic() - start
+    assert got == payload
+    # A's upload budget is 40 mbit = 5 MB/s with a 0.5 MB burst: 1.5 MB cannot leave in under ~0.2 s
+    assert elapsed >= (len(payload) - a.bandwidth.up.burst) / a.bandwidth.up.rate * 0.95
+    assert a.bandwidth.up.total_bytes - up_before == len(payload) + 9
+    assert a.puller.served == served_before + 1
+
+    # C pulls from B (which now has it); A, listed as a fallback, is never asked
+    got_c = await c.puller.pull(digest, [b.host.peer_id, a.host.peer_id], max_bytes=2**21, timeout=20.0)
+    assert got_c == payload
+    assert a.puller.served == served_before + 1
+    assert b.puller.served == 1
+
+
+async def test_missing_and_oversize_payloads_get_typed_errors(nodes: list[Swarm]) -> None:
+    a, b, _ = nodes
+    payload = os.urandom(300_000)
+    digest = a.puller.store.put(payload, step=8)
+    with pytest.raises(Rejected) as info:
+        await b.puller.fetch(a.host.peer_id, digest, max_bytes=100_000, timeout=10.0)
+    assert info.value.code == RejectCode.TOO_LARGE
+    with pytest.raises(Rejected) as info:
+        await b.puller.fetch(a.host.peer_id, digest, max_bytes=2**20, timeout=10.0, size=len(payload) - 1)
+    assert info.value.code == RejectCode.MALFORMED
+    with pytest.raises(PullError) as missing:
+        await b.puller.pull(
+            hashlib.sha256(b"nobody has this").digest(), [a.host.peer_id], max_bytes=1024, timeout=5
+        )
+    assert a.host.peer_id_b58 in missing.value.causes
+    assert digest not in b.puller.store
+
+
+EVIL = "/distronet/pull-evil/1"
+
+
+async def test_lying_server_gets_typed_rejections(nodes: list[Swarm]) -> None:
+    _, b, c = nodes
+    good = os.urandom(50_000)
+    digest = hashlib.sha256(good).digest()
+    behaviour: dict[str, bytes] = {}
+
+    async def evil(_info: object, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readexactly(44)
+        mode = behaviour["mode"]
+        if mode == b"huge":  # declares 1 TiB and then sends nothing
+            writer.write(encode_response_header(0, 1 << 40))
+        elif mode == b"corrupt":
+            writer.write(encode_response_header(0, len(good)) + good[:-1] + bytes([good[-1] ^ 1]))
+        else:  # truncated: declares everything, sends 10 bytes, hangs up
+            writer.write(encode_response_header(0, len(good)) + good[:10])
+        await writer.drain()
+        writer.close()
+
+    await c.host.p2p.add_binary_stream_handler(EVIL, evil)
+    victim = await Puller.create(b.host, protocol=EVIL)
+    try:
+        for mode, code in (
+            (b"huge", RejectCode.TOO_LARGE),
+            (b"corrupt", RejectCode.MALFORMED),
+            (b"truncated", RejectCode.TRUNCATED),
+        ):
+            behaviour["mode"] = mode
+            start = time.monotonic()
+            with pytest.raises(Rejected) as info:
+                await victim.fetch(c.host.peer_id, digest, max_bytes=2**20, timeout=10.0)
+            assert info.value.code == code, mode
+            assert info.value.peer_id == c.host.peer_id_b58
+            assert time.monotonic() - start < 5.0
+            assert digest not in victim.store
+    finally:
+        await victim.close()
+        await c.host.p2p.remove_binary_stream_handler(EVIL)
+
+
+@pytest.mark.slow
+async def test_killed_node_membership_lapses_and_the_rest_keep_gossiping(
+    nodes: list[Swarm], tmp_path: Path
+) -> None:
+    a, b, c = nodes
+    d = await start_node(tmp_path, "d", tuple(await a.host.maddrs()))
+    d_id = d.identity.peer_id_b58
+    try:
+
+        async def b_sees_d() -> bool:
+            return d_id in await b.membership.members()
+
+        await eventually(b_sees_d, 10.0, "the newcomer's record")
+        pid = d.host.pid
+        assert pid is not None
+        d.host.kill()  # SIGKILL its p2pd and stop renewing, as a crash would
+        assert d.membership._renew_task is not None
+        d.membership._renew_task.cancel()
+        killed_at = time.monotonic()
+
+        async def d_gone() -> bool:
+            views = await asyncio.gather(
+                a.membership.members(), b.membership.members(), c.membership.members()
+            )
+            return all(d_id not in v and len(v) == 3 for v in views)
+
+        await eventually(d_gone, TTL + 8.0, "the killed node's record to lapse")
+        assert time.monotonic() - killed_at >= TTL - 1.5  # it lapsed by expiry, not earlier
+        sub = await c.gossip.subscribe(c.topic)
+        try:
+
+            async def b_sees_c() -> bool:
+                return c.host.peer_id in await b.gossip.topic_peers(c.topic)
+
+            await eventually(b_sees_c, 10.0, "C's subscription")
+            await b.gossip.publish(b.topic, b"still here")
+            assert (await sub.get(timeout=10.0)).data == b"still here"
+        finally:
+            await sub.close()
+    finally:
+        await d.close(leave=False)
+        assert (
+            pid is None or not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        )
+
+
+async def test_graceful_leave_is_seen_before_the_ttl(nodes: list[Swarm], tmp_path: Path) -> None:
+    a, b, _ = nodes
+    e = await start_node(tmp_path, "e", tuple(await a.host.maddrs()))
+    e_id = e.identity.peer_id_b58
+
+    async def b_sees_e() -> bool:
+        return e_id in await b.membership.members()
+
+    await eventually(b_sees_e, 10.0, "the newcomer's record")
+    await e.close()
+    left_at = time.monotonic()
+
+    async def e_gone() -> bool:
+        return e_id not in await b.membership.members()
+
+    await eventually(e_gone, TTL, "the tombstone")
+    assert time.monotonic() - left_at < TTL

@@ -28,9 +28,9 @@ class LocalCoordinator:
 
 @contextlib.asynccontextmanager
 async def local_coordinator(
-    cfg: CoordinatorConfig, app: CoordinatorApp | None = None
+    cfg: CoordinatorConfig, app: CoordinatorApp | None = None, *, port: int = 0
 ) -> AsyncIterator[LocalCoordinator]:
-    """Start a coordinator on ``cfg.host`` and a free port; shut it down gracefully on exit."""
+    """Start a coordinator on ``cfg.host`` and ``port`` (0: a free one); shut it down gracefully on exit."""
     app = app if app is not None else CoordinatorApp(cfg)
     await app.start()
     runner = web.AppRunner(
@@ -38,7 +38,7 @@ async def local_coordinator(
     )
     await runner.setup()
     try:
-        site = web.TCPSite(runner, cfg.host, 0)
+        site = web.TCPSite(runner, cfg.host, port)
         await site.start()
         server: Any = site._server
         port = server.sockets[0].getsockname()[1]

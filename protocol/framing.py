@@ -202,6 +202,7 @@ def _unpack(
             max_array_len=max_array_len,
             max_map_len=max_map_len,
             max_ext_len=0,
+            object_pairs_hook=_unique_keys,
         )
     except msgpack.OutOfData:
         raise Rejected(RejectCode.TRUNCATED, "msgpack body ends early") from None
@@ -216,6 +217,15 @@ def _unpack(
         if not isinstance(key, str) or len(key) > _MAX_KEY_LEN:
             raise Rejected(RejectCode.MALFORMED, "map keys must be short strings")
     return obj
+
+
+def _unique_keys(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    """Build a map, refusing a repeated key: implementations that keep the first or the last of
+    two values must never disagree about what a signed message says."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise ValueError("a map key repeats")
+    return out
 
 
 def take_int(m: dict[str, Any], key: str, lo: int, hi: int) -> int:

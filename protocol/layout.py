@@ -19,6 +19,7 @@ Canonical encoding (all integers big-endian, unsigned)::
 from __future__ import annotations
 
 import hashlib
+import math
 import struct
 from collections.abc import Sequence
 
@@ -45,8 +46,9 @@ def layout_canonical_bytes(entries: Sequence[LayoutEntry], limits: Limits = DEFA
 
     Raises ConfigError on a name that is empty, repeated, not a str or longer than
     ``limits.max_tensor_name_len`` bytes; a rank over ``limits.max_dims``; a dimension outside
-    ``[1, limits.max_dim_size]``; a chunk outside ``[1, 2**32 - 1]``; more than
-    ``limits.max_tensors`` entries. Cost: linear in the number of entries.
+    ``[1, limits.max_dim_size]``; more than ``limits.max_tensor_numel`` elements; a chunk
+    outside ``[1, 2**32 - 1]``; more than ``limits.max_tensors`` entries. Cost: linear in the
+    number of entries.
     """
     _int(len(entries), "number of tensors", 0, limits.max_tensors)
     out = [LAYOUT_DOMAIN, struct.pack(">I", len(entries))]
@@ -66,6 +68,7 @@ def layout_canonical_bytes(entries: Sequence[LayoutEntry], limits: Limits = DEFA
             raise ConfigError(f"layout entry {i}: shape must be a tuple of ints, got {shape!r}")
         _int(len(shape), f"entry {i} rank", 0, min(limits.max_dims, 0xFF))
         dims = [_int(d, f"entry {i} dimension", 1, limits.max_dim_size) for d in shape]
+        _int(math.prod(dims), f"entry {i} element count", 1, limits.max_tensor_numel)
         _int(chunk, f"entry {i} chunk", 1, 0xFFFFFFFF)
         out.append(struct.pack(">H", len(raw)))
         out.append(raw)

@@ -145,6 +145,7 @@ def test_zstd_lies_and_garbage() -> None:
         (b"\x81\xa1a\xa2\xff\xfe", RejectCode.MALFORMED),  # invalid UTF-8 str
         (msgpack.packb({"k" * 40: 1}), RejectCode.MALFORMED),  # long key
         (b"\x91" * 5000 + b"\x80", RejectCode.MALFORMED),  # deep nesting
+        (b"\x82\xa1a\x01\xa1a\x02", RejectCode.MALFORMED),  # a key repeats
     ],
 )
 def test_strict_msgpack(raw: bytes, code: RejectCode) -> None:

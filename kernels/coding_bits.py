@@ -101,6 +101,8 @@ def pack_bits(values: np.ndarray, widths: np.ndarray) -> bytes:
     """
     w = np.asarray(widths, dtype=np.int64).reshape(-1)
     v = np.asarray(values, dtype=np.int64).reshape(-1).astype(np.uint64)
+    if (w == 0).any():  # zero-width fields hold nothing (and may sit just past the last word)
+        v, w = v[w > 0], w[w > 0]
     total = int(w.sum())
     if total == 0:
         return b""

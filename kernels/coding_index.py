@@ -255,7 +255,8 @@ def _read_buckets(reader: BitReader, fields: np.ndarray, p: _ClassParams, bmax: 
     rho[esc] = lim + reader.unary(int(esc.sum()), max(bmax - lim, 0))
     if rho.size and int(rho.max()) > bmax:
         raise Rejected(RejectCode.MALFORMED, "index bucket code beyond the largest bucket")
-    return _centre_out(p.b0, bmax)[rho]
+    out: np.ndarray = _centre_out(p.b0, bmax)[rho]
+    return out
 
 
 def _decode_entropy(section: bytes, n: int, k: int, chunk_numel: int) -> tuple[np.ndarray, np.ndarray | None]:

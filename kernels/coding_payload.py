@@ -2,9 +2,9 @@
 
 Layout (byte-exact definition in docs/protocol-payload.md)::
 
-    u8 version (=1) | u8 value coding | u8 index coding | varint tensor count
-    per tensor:  varint id delta | varint k | [varint index bytes] | [varint scale word]
-                 index section | scale section | value section
+    u8 version (=1) | varint tensor count
+    per tensor:  varint id delta | u8 codings (value << 4 | index) | varint k
+                 [varint index bytes] | [varint scale word] | index | scales | values
 
 ``decode_payload`` is total: any byte string either decodes or raises ``Rejected`` with a
 code, and every count and length is checked against the caller's layouts and ``Limits``
@@ -75,29 +75,23 @@ def _has_index_len(index_coding: IndexCoding, k: int, chunk_numel: int) -> bool:
 
 
 def encode_payload(tensors: Sequence[EncodedTensor]) -> bytes:
-    """Frame coded tensors (any order, ids unique, one value coding and one index coding).
+    """Frame coded tensors (any order, unique ids; each tensor keeps its own codings).
 
-    Raises KernelError on duplicate ids or mixed codings. Cost O(total bytes).
+    Raises KernelError on a repeated tensor id. Cost O(total bytes).
     """
-    ts = sorted(tensors, key=lambda t: t.tensor_id)
-    vcs = {t.value_coding for t in ts}
-    ics = {t.index_coding for t in ts}
-    if len(vcs) > 1 or len(ics) > 1:
-        raise KernelError("a payload carries one value coding and one index coding")
-    vc = vcs.pop() if vcs else ValueCoding.FP32
-    ic = ics.pop() if ics else IndexCoding.FIXED
-    out = bytearray([PAYLOAD_VERSION, int(vc), int(ic)])
-    out += varint(len(ts))
+    out = bytearray([PAYLOAD_VERSION])
+    out += varint(len(tensors))
     prev = -1
-    for t in ts:
+    for t in sorted(tensors, key=lambda t: t.tensor_id):
         if t.tensor_id <= prev:
             raise KernelError(f"tensor id {t.tensor_id} appears twice")
         out += varint(t.tensor_id - prev - 1)
         prev = t.tensor_id
+        out.append(int(t.value_coding) << 4 | int(t.index_coding))
         out += varint(t.k)
-        if _has_index_len(ic, t.k, t.chunk_numel):
+        if _has_index_len(t.index_coding, t.k, t.chunk_numel):
             out += varint(len(t.index_section))
-        if vc.has_scale:
+        if t.value_coding.has_scale:
             out += varint(zigzag(t.values.scale_base) << 4 | t.values.scale_width)
         out += t.index_section + t.values.scales + t.values.values
     return bytes(out)
@@ -112,13 +106,11 @@ def _check_layouts(layouts: Sequence[tuple[int, int]], limits: Limits) -> None:
             raise KernelError(f"layout {i}: n_chunks={n}, chunk_numel={cn} outside the limits")
 
 
-def _read_coding(r: ByteReader) -> tuple[ValueCoding, IndexCoding]:
-    version = r.u8("version")
-    if version != PAYLOAD_VERSION:
-        raise Rejected(RejectCode.UNSUPPORTED_VERSION, f"payload version {version}")
-    vc, ic = r.u8("value coding"), r.u8("index coding")
+def _read_coding(r: ByteReader, tid: int) -> tuple[ValueCoding, IndexCoding]:
+    byte = r.u8("codings")
+    vc, ic = byte >> 4, byte & 15
     if vc not in ValueCoding._value2member_map_ or ic not in IndexCoding._value2member_map_:
-        raise Rejected(RejectCode.MALFORMED, f"unknown coding (value {vc}, index {ic})")
+        raise Rejected(RejectCode.MALFORMED, f"tensor {tid}: unknown coding (value {vc}, index {ic})")
     return ValueCoding(vc), IndexCoding(ic)
 
 
@@ -126,12 +118,12 @@ def _read_tensor(
     r: ByteReader,
     tid: int,
     layout: tuple[int, int],
-    codings: tuple[ValueCoding, IndexCoding],
     limits: Limits,
     budget: int,
 ) -> DecodedTensor:
     """One tensor's fields and sections; ``budget`` is how many coefficients may still come."""
-    (n, cn), (vc, ic) = layout, codings
+    n, cn = layout
+    vc, ic = _read_coding(r, tid)
     k = r.varint("k")
     if k == 0:
         raise Rejected(RejectCode.MALFORMED, f"tensor {tid}: k = 0")
@@ -174,7 +166,9 @@ def decode_payload(
     if len(data) > limits.max_payload_bytes:
         raise Rejected(RejectCode.TOO_LARGE, f"payload of {len(data)} bytes > {limits.max_payload_bytes}")
     r = ByteReader(bytes(data))
-    vc, ic = _read_coding(r)
+    version = r.u8("version")
+    if version != PAYLOAD_VERSION:
+        raise Rejected(RejectCode.UNSUPPORTED_VERSION, f"payload version {version}")
     count = r.varint("tensor count")
     if count > min(limits.max_tensors, len(layouts)):
         raise Rejected(RejectCode.LIMIT_EXCEEDED, f"{count} tensors, layout has {len(layouts)}")
@@ -184,7 +178,7 @@ def decode_payload(
         tid += r.varint("tensor id") + 1
         if tid >= len(layouts):
             raise Rejected(RejectCode.LAYOUT_MISMATCH, f"tensor id {tid} not in a layout of {len(layouts)}")
-        t = _read_tensor(r, tid, layouts[tid], (vc, ic), limits, limits.max_total_coefficients - total)
+        t = _read_tensor(r, tid, layouts[tid], limits, limits.max_total_coefficients - total)
         total += t.idx.size
         out.append(t)
     if r.remaining:

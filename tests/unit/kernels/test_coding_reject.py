@@ -36,15 +36,20 @@ def _code(data: bytes, layouts: list[tuple[int, int]] = LAYOUTS, **kw: int) -> R
 
 
 def _fixed_tensor(tid_delta: int, k: int, idx: list[int], width: int) -> bytes:
-    """A hand-built FP32/FIXED tensor body: indices packed MSB-first, values all 1.0."""
+    """A hand-built FP32/FIXED tensor: indices packed MSB-first, values all 1.0."""
     bits = "".join(format(i, f"0{width}b") for i in idx)
     bits += "0" * (-len(bits) % 8)
     packed = int(bits, 2).to_bytes(len(bits) // 8, "big") if bits else b""
-    return varint(tid_delta) + varint(k) + packed + np.ones(len(idx), "<f4").tobytes()
+    return varint(tid_delta) + bytes([0x11]) + varint(k) + packed + np.ones(len(idx), "<f4").tobytes()
 
 
-def _head(count: int, vc: int = 1, ic: int = 1) -> bytes:
-    return bytes([1, vc, ic]) + varint(count)
+def _head(count: int) -> bytes:
+    return bytes([1]) + varint(count)
+
+
+def _tensor(vc: int, ic: int, k: int, tid_delta: int = 0) -> bytes:
+    """The start of a tensor: id delta, codings byte, k."""
+    return varint(tid_delta) + bytes([vc << 4 | ic]) + varint(k)
 
 
 def test_hand_built_payload_decodes() -> None:
@@ -69,7 +74,7 @@ def test_non_finite_value(bad: float) -> None:
     body = bytearray(_head(1) + _fixed_tensor(0, 2, [0, 1], 6))
     body[-4:] = np.array([bad], "<f4").tobytes()
     assert _code(bytes(body), [(1, 64)]) == RejectCode.NON_FINITE_VALUE
-    h = bytearray(_head(1, vc=2) + varint(0) + varint(1) + bytes([0]))
+    h = bytearray(_head(1) + _tensor(2, 1, 1) + bytes([0]))
     h += np.array([bad], "<f2").tobytes()
     assert _code(bytes(h), [(1, 64)]) == RejectCode.NON_FINITE_VALUE
 
@@ -77,11 +82,11 @@ def test_non_finite_value(bad: float) -> None:
 def test_non_finite_scale() -> None:
     # SIGN1, one chunk, k=1 (fixed, 6 bits), scale code base 1024 (> Q_MAX) with width 1, z=1
     word = varint(zigzag(1024) << 4 | 1)
-    data = _head(1, vc=5) + varint(0) + varint(1) + word + bytes([0]) + bytes([0x80]) + bytes([0])
+    data = _head(1) + _tensor(5, 1, 1) + word + bytes([0]) + bytes([0x80]) + bytes([0])
     assert _code(data, [(1, 64)]) == RejectCode.NON_FINITE_VALUE
     # an INT8 value 127 times the largest scale overflows float32
     word = varint(zigzag(1023) << 4 | 1)
-    data = _head(1, vc=4) + varint(0) + varint(1) + word + bytes([0]) + bytes([0x80]) + bytes([127])
+    data = _head(1) + _tensor(4, 1, 1) + word + bytes([0]) + bytes([0x80]) + bytes([127])
     assert _code(data, [(1, 64)]) == RejectCode.NON_FINITE_VALUE
 
 
@@ -90,17 +95,17 @@ def test_declared_sizes_over_limits() -> None:
     assert _code(good, max_payload_bytes=len(good) - 1) == RejectCode.TOO_LARGE
     assert _code(good, max_k=4) == RejectCode.LIMIT_EXCEEDED
     assert _code(good, max_total_coefficients=10) == RejectCode.LIMIT_EXCEEDED
-    assert _code(_head(4) + good[4:]) == RejectCode.LIMIT_EXCEEDED  # more tensors than the layout
-    assert _code(_head(1) + varint(0) + varint(4097)) == RejectCode.LIMIT_EXCEEDED  # k > chunk
-    assert _code(_head(1) + varint(0) + varint(0)) == RejectCode.MALFORMED  # k = 0
-    assert _code(_head(1) + varint(7) + varint(1)) == RejectCode.LAYOUT_MISMATCH  # unknown tensor id
-    huge_index = _head(1, ic=2) + varint(0) + varint(4) + varint(1 << 30)
-    assert _code(huge_index) == RejectCode.TOO_LARGE
+    assert _code(_head(4) + good[2:]) == RejectCode.LIMIT_EXCEEDED  # more tensors than the layout
+    assert _code(_head(1) + _tensor(1, 1, 4097)) == RejectCode.LIMIT_EXCEEDED  # k > chunk
+    assert _code(_head(1) + _tensor(1, 1, 0)) == RejectCode.MALFORMED  # k = 0
+    assert _code(_head(1) + _tensor(1, 1, 1, tid_delta=7)) == RejectCode.LAYOUT_MISMATCH  # unknown id
+    assert _code(_head(1) + _tensor(5, 2, 4) + varint(1 << 30)) == RejectCode.TOO_LARGE  # index bytes
     assert _code(_head(1) + b"\xff\xff\xff\xff\xff\xff") == RejectCode.MALFORMED  # overlong varint
     assert _code(_head(1) + b"\x80\x00" + varint(1)) == RejectCode.MALFORMED  # non-minimal varint
-    assert _code(bytes([2, 1, 1, 0])) == RejectCode.UNSUPPORTED_VERSION
-    assert _code(bytes([1, 9, 1, 0])) == RejectCode.MALFORMED
-    assert _code(good + b"\x00") == RejectCode.MALFORMED
+    assert _code(bytes([2, 0])) == RejectCode.UNSUPPORTED_VERSION
+    assert _code(_head(1) + _tensor(9, 1, 1)) == RejectCode.MALFORMED  # unknown value coding
+    assert _code(_head(1) + _tensor(1, 3, 1)) == RejectCode.MALFORMED  # unknown index coding
+    assert _code(good + b"\x00") == RejectCode.MALFORMED  # trailing bytes
 
 
 @pytest.mark.parametrize("vc", list(ValueCoding))
@@ -134,7 +139,7 @@ GOOD = [_payload(vc, ic, seed) for vc in ValueCoding for ic in IndexCoding for s
 @given(st.binary(max_size=300))
 def test_fuzz_random_bytes(data: bytes) -> None:
     _decode_or_reject(data)
-    _decode_or_reject(bytes([1, 5, 2]) + data)
+    _decode_or_reject(bytes([1, 1, 0, 0x52]) + data)
 
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])

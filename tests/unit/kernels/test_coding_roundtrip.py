@@ -155,3 +155,29 @@ def test_zero_chunks_and_extreme_magnitudes() -> None:
         (dec,) = decode_payload(encode_payload([enc]), [(3, 64)])
         assert np.isfinite(deq).all() and dec.val.tobytes() == deq.tobytes()
         assert (deq[0] == 0).all()
+
+
+def test_worked_example_of_the_spec() -> None:
+    """docs/protocol-payload.md §6, byte for byte (an interoperability vector)."""
+    a, _ = encode_tensor(
+        0,
+        np.array([[0, 5], [1, 63]]),
+        np.array([[1.5, -0.25], [2, -3]], np.float32),
+        64,
+        ValueCoding.FP16,
+        IndexCoding.FIXED,
+    )
+    b, deq = encode_tensor(
+        2,
+        np.array([[0, 1, 8, 70]]),
+        np.array([[0.5, -0.75, 0.25, 1.0]], np.float32),
+        4096,
+        ValueCoding.SIGN1,
+        IndexCoding.ENTROPY,
+    )
+    data = encode_payload([b, a])
+    want = "01 02 00 21 02 00 50 7f 00 3e 00 b4 00 40 00 c2 01 52 04 04 91 01 80 03 15 ae 80 40"
+    assert data == bytes.fromhex(want)
+    s = np.float32(0.6484198)
+    np.testing.assert_array_equal(deq, [[s, -s, s, s]])
+    assert np.uint32(0x3FA5FED7).view(np.float32) / 2 == deq[0, 0]

@@ -14,6 +14,7 @@ Reproduce the fuzz: ``.venv/bin/python -m pytest -q -s tests/integration/test_pa
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import random
 import struct
@@ -80,20 +81,34 @@ def valid_payload(
     return encode_payload(tensors)
 
 
+def _tensor2(idx: list[list[int]], values: list[float]) -> bytes:
+    val = np.array(values, dtype=np.float32).reshape(4, -1)
+    t, _ = encode_tensor(2, np.array(idx), val, 48, ValueCoding.FP32, IndexCoding.FIXED)
+    return encode_payload([t])
+
+
 def handmade_payload(k: int, idx: list[list[int]], values: list[float]) -> bytes:
     """Tensor 2 (4 chunks of 48) with FIXED indices and FP32 values exactly as given, unchecked.
 
-    Built from the wire format (docs/protocol-payload.md), not the encoder, so it can lie:
-    u8 version 1 | u8 value coding | u8 index coding | varint count | varint id delta | varint k
-    | indices, 6 bits each, MSB first, zero-padded to a byte | values, float32 little-endian.
+    The encoder refuses bad indices and values, so this writes them into an honest payload:
+    FIXED indices are 6-bit fields, MSB first (docs/protocol-payload.md); FP32 values are
+    little-endian float32. Where the two sections start is found by encoding probes that differ
+    only in their first index or first value, so the test follows the payload framing as it is.
     """
+    first_idx = [[2 * c, 2 * c + 1, *list(range(40, 40 + k - 2))] for c in range(4)]
+    ones = [1.0] * (4 * k)
+    base = _tensor2(first_idx, ones)
+    idx_probe = _tensor2([[32 + j for j in range(k)], *first_idx[1:]], ones)
+    val_probe = _tensor2(first_idx, [float(np.nextafter(np.float32(1), np.float32(2))), *ones[1:]])
+    i0 = next(i for i, (a, b) in enumerate(zip(base, idx_probe, strict=True)) if a != b)
+    v0 = next(i for i, (a, b) in enumerate(zip(base, val_probe, strict=True)) if a != b)
     bits = 0
     for i in (i for row in idx for i in row):
         bits = (bits << 6) | i
-    nbits = 6 * len(idx) * k
+    nbits = 6 * 4 * k
     section = (bits << (-nbits % 8)).to_bytes((nbits + 7) // 8, "big")
-    head = bytes([1, ValueCoding.FP32, IndexCoding.FIXED, 1, 2, k])
-    return head + section + np.array(values, dtype="<f4").tobytes()
+    vals = np.array(values, dtype="<f4").tobytes()
+    return base[:i0] + section + base[i0 + len(section) : v0] + vals + base[v0 + len(vals) :]
 
 
 # --- explicit cases -----------------------------------------------------------------------------
@@ -155,8 +170,13 @@ def test_declared_sizes_over_their_limits() -> None:
     assert (
         code_of(hdr.pack(b"DNET", 1, 1, 1, 0, 10, 0xFFFFFFFF) + b"\0" * 10) == RejectCode.DECOMPRESSION_BOMB
     )
-    many = bytes([1, ValueCoding.FP32, IndexCoding.FIXED]) + b"\xc0\x84\x3d"  # varint 1,000,000 tensors
-    assert code_of(seal_packet(ME, RUN, 3, DIGEST, many)) == RejectCode.LIMIT_EXCEEDED
+    idx = np.tile(np.arange(8), (8, 1))
+    t, _ = encode_tensor(1, idx, np.ones((8, 8), np.float32), 64, ValueCoding.SIGN1, IndexCoding.ENTROPY)
+    tight = dataclasses.replace(LIMITS, max_k=4, max_total_coefficients=32)  # the payload declares k = 8
+    pkt = open_packet(seal_packet(ME, RUN, 3, DIGEST, encode_payload([t])), run_id=RUN, layout_digest=DIGEST)
+    with pytest.raises(Rejected) as info:
+        decode_payload(pkt.payload, LAYOUTS, tight)
+    assert info.value.code == RejectCode.LIMIT_EXCEEDED
 
 
 def test_truncated_frame() -> None:
@@ -411,3 +431,39 @@ def test_hypothesis_arbitrary_bytes(data: bytes, keep_header: bool) -> None:
     )
     with pytest.raises(Rejected):
         full_decode(frame)
+
+
+# --- announcements ---------------------------------------------------------------------------------
+
+
+def test_announcement_decoder_survives_mutations() -> None:
+    """10,000 mutated announcements: each refused with a code, or the very same announcement."""
+    from distronet.protocol.announce import open_announcement, seal_announcement
+
+    r = random.Random(7)
+    packet = seal_packet(ME, RUN, 5, DIGEST, b"p" * 300)
+    base = seal_announcement(ME, RUN, 5, packet, addrs=["/ip4/10.0.0.1/tcp/4001", "/dns4/x.example/tcp/1"])
+    original = open_announcement(base, run_id=RUN)
+    outcomes: collections.Counter[str] = collections.Counter()
+    for case in range(10_000):
+        b = bytearray(base)
+        op = r.randrange(4)
+        if op == 0:
+            for _ in range(r.randint(1, 4)):
+                b[r.randrange(len(b))] ^= r.randint(1, 255)
+        elif op == 1:
+            del b[r.randrange(len(b)) :]
+        elif op == 2:
+            b += r.randbytes(r.randint(1, 900))
+        else:
+            b = bytearray(r.randbytes(r.randint(0, 1100)))
+        try:
+            ann = open_announcement(bytes(b), run_id=RUN)
+        except Rejected as e:
+            outcomes[e.code.name] += 1
+        except Exception as e:
+            raise AssertionError(f"announcement case {case} escaped with {e!r}") from e
+        else:
+            assert ann == original, case
+            outcomes["accepted"] += 1
+    assert outcomes["accepted"] < 100 and len(outcomes) >= 4

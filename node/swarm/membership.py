@@ -213,7 +213,10 @@ class Membership:
             self._renew_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._renew_task
-        if leave and self.host.alive:
+        if not self.host.alive:  # p2pd is gone: nothing remote to undo, and every call would time out
+            self.dht.is_alive = False
+            return
+        if leave:
             with contextlib.suppress(Exception):
                 await self._store({"v": 1, "left": True})
         with contextlib.suppress(Exception):

@@ -95,6 +95,7 @@ class SwarmHost:
         self.p2p = p2p
         self.config = config
         self._closed = False
+        self._killed = False
 
     @classmethod
     async def start(cls, config: SwarmConfig) -> SwarmHost:
@@ -152,7 +153,7 @@ class SwarmHost:
     @property
     def alive(self) -> bool:
         child = self.p2p._child
-        return not self._closed and child is not None and child.returncode is None
+        return not self._closed and not self._killed and child is not None and child.returncode is None
 
     @property
     def control_maddr(self) -> Multiaddr:
@@ -209,6 +210,7 @@ class SwarmHost:
     def kill(self) -> None:
         """SIGKILL p2pd without any goodbye (crash simulation for tests and chaos)."""
         pid = self.pid
+        self._killed = True
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

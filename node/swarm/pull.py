@@ -128,6 +128,9 @@ class Puller:
         return self
 
     async def close(self) -> None:
+        """Stop serving (nothing to do when p2pd is already gone)."""
+        if not self.host.alive:
+            return
         with contextlib.suppress(Exception):
             await with_deadline(
                 self.host.p2p.remove_binary_stream_handler(self.protocol),

@@ -1,0 +1,353 @@
+"""The ``Exchange`` over the libp2p swarm: announce → pull → one signed manifest per step.
+
+A round's life at one replica (step ``t``):
+
+1. The round *opens* at the first local sighting of ``t`` (our own publish or a peer's
+   announcement). ``publish`` stores our frame for pulling and gossips a signed announcement.
+2. Each valid announcement (signature, run, sender = producer) starts a pull from its producer
+   right away — if the download budget can carry it before the deadline; otherwise it is
+   skipped (a subset is pulled instead of exceeding the budget).
+3. At ``open + round_deadline_s`` the replica freezes what it holds. The producers it has heard
+   of are ranked by ``leader_rank(t, peer)``; the replica at rank ``r`` gossips its manifest
+   (the (peer, sha256, size) it holds, itself included) after ``r * manifest_grace_s`` unless a
+   better-ranked manifest has already arrived.
+4. Every replica adopts the best-ranked valid manifest it receives (at once if it comes from the
+   top-ranked producer it knows, else the best one by ``manifest_wait_s``), pulls any frame it
+   lacks from the producer, the leader or another listed peer, and returns the ``Round``.
+
+Replicas that saw the same manifests apply byte-identical accepted sets; one that missed the
+leader's manifest can diverge, which the daemon's periodic parameter-hash check catches.
+``SwarmExchange`` wraps the async core in the synchronous ``Exchange`` interface for a trainer
+running in a worker thread while the swarm's event loop runs elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from hivemind.p2p import PeerID
+
+from distronet.node.exchange.base import (
+    Exchange,
+    ExchangeError,
+    ExchangeStats,
+    PeerDead,
+    Round,
+    RoundUnavailable,
+)
+from distronet.node.swarm.errors import PullError, SwarmError
+from distronet.node.swarm.manifest import Entry, RoundManifest, leader_rank, open_manifest, seal_manifest
+from distronet.node.swarm.pubsub import Gossip, Subscription
+from distronet.node.swarm.stack import Swarm
+from distronet.protocol.announce import Announcement, open_announcement, seal_announcement
+from distronet.protocol.errors import RejectCode, Rejected
+from distronet.protocol.limits import DEFAULT_LIMITS, Limits
+
+__all__ = ["AsyncSwarmExchange", "ExchangeConfig", "SwarmExchange", "manifest_topic"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def manifest_topic(run_id: str) -> str:
+    return f"distronet/{run_id}/manifest"
+
+
+@dataclass(frozen=True)
+class ExchangeConfig:
+    """Round timing (seconds) and bounds. The daemon may adapt ``round_deadline_s`` to step times."""
+
+    round_deadline_s: float = 5.0
+    manifest_grace_s: float = 0.5
+    manifest_wait_s: float = 3.0
+    pull_timeout_s: float = 30.0
+    retention: int = 8
+    max_manifest_entries: int = 1024
+    limits: Limits = DEFAULT_LIMITS
+
+
+@dataclass
+class _RoundState:
+    opened_at: float
+    announced: dict[bytes, Announcement] = field(default_factory=dict)
+    frames: dict[bytes, tuple[bytes, bytes]] = field(default_factory=dict)  # peer -> (sha, frame)
+    pulls: dict[bytes, asyncio.Task[None]] = field(default_factory=dict)
+    manifests: dict[bytes, RoundManifest] = field(default_factory=dict)  # leader -> manifest
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    frozen: bool = False
+    decided: Round | None = None
+
+
+class AsyncSwarmExchange:
+    """The exchange's async core on one node's ``Swarm``. Build with :meth:`create`."""
+
+    def __init__(self, swarm: Swarm, config: ExchangeConfig, manifests: Gossip) -> None:
+        self.swarm, self.config, self._manifest_gossip = swarm, config, manifests
+        self._stats = ExchangeStats()
+        self._rounds: dict[int, _RoundState] = {}
+        self._own: set[int] = set()
+        self._newest = -1
+        self._subs: list[Subscription] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self.rejected: Counter[RejectCode] = Counter()
+        self.skipped_for_budget = 0
+
+    @classmethod
+    async def create(cls, swarm: Swarm, config: ExchangeConfig | None = None) -> AsyncSwarmExchange:
+        """Subscribe to the run's announcement and manifest topics and start listening."""
+        cfg = config or ExchangeConfig()
+        self = cls(swarm, cfg, Gossip(swarm.host, max_message_bytes=64 * 1024))
+        self._subs = [
+            await swarm.gossip.subscribe(swarm.topic),
+            await self._manifest_gossip.subscribe(manifest_topic(swarm.run_id)),
+        ]
+        self._spawn(self._listen(self._subs[0], self._on_announcement))
+        self._spawn(self._listen(self._subs[1], self._on_manifest))
+        return self
+
+    @property
+    def peer_id(self) -> bytes:
+        return self.swarm.identity.peer_id
+
+    @property
+    def stats(self) -> ExchangeStats:
+        self._stats.bytes_up = self.swarm.bandwidth.up.total_bytes
+        return self._stats
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _round(self, step: int, *, create: bool = True) -> _RoundState | None:
+        state = self._rounds.get(step)
+        if state is None:
+            if step <= self._newest - self.config.retention or not create:
+                return None
+            state = self._rounds[step] = _RoundState(time.monotonic())
+            if step > self._newest:
+                self._newest = step
+                for old in [s for s in self._rounds if s <= step - self.config.retention]:
+                    del self._rounds[old]
+                self.swarm.puller.store.evict_before(step - self.config.retention + 1)
+        return state
+
+    async def publish(self, step: int, frame: bytes) -> None:
+        """Store our frame for pullers and gossip its announcement (never waits on peers)."""
+        if self._closed:
+            raise PeerDead("this node has left the swarm")
+        if step in self._own:
+            raise ExchangeError(f"step {step} already published by this peer")
+        state = self._round(step)
+        if state is None:
+            raise RoundUnavailable(f"step {step} is older than the retention window")
+        self._own.add(step)
+        sha = self.swarm.puller.store.put(frame, step)
+        state.frames[self.peer_id] = (sha, frame)
+        self._stats.packets_up += 1
+        self._stats.bytes_up_by_step[step] = len(frame)
+        note = seal_announcement(
+            self.swarm.identity, self.swarm.run_id, step, frame, limits=self.config.limits
+        )
+        self._spawn(self._gossip(self.swarm.gossip, self.swarm.topic, note))
+
+    async def _gossip(self, gossip: Gossip, topic: str, data: bytes) -> None:
+        try:
+            await gossip.publish(topic, data)
+        except SwarmError as e:
+            log.warning("gossip publish on %s failed: %s", topic, e)
+
+    async def _listen(self, sub: Subscription, handle: Callable[[bytes, bytes], None]) -> None:
+        async for msg in sub:
+            try:
+                handle(msg.data, msg.sender.to_bytes())
+            except Rejected as e:
+                self.rejected[e.code] += 1
+
+    def _on_announcement(self, data: bytes, sender: bytes) -> None:
+        ann = open_announcement(data, run_id=self.swarm.run_id, limits=self.config.limits)
+        if ann.peer_id != sender:
+            raise Rejected(RejectCode.WRONG_PEER, "announcement relayed under another sender")
+        state = self._round(ann.step)
+        if state is None or state.frozen:
+            self._stats.late_dropped += 1
+            return
+        if ann.peer_id in state.announced:
+            self._stats.duplicates_dropped += 1
+            return
+        state.announced[ann.peer_id] = ann
+        left = state.opened_at + self.config.round_deadline_s - time.monotonic()
+        if not self.swarm.bandwidth.down.can_afford(ann.packet_size, left):
+            self.skipped_for_budget += 1
+            return
+        state.pulls[ann.peer_id] = asyncio.ensure_future(self._pull_announced(state, ann, left))
+
+    async def _pull_announced(self, state: _RoundState, ann: Announcement, timeout: float) -> None:
+        try:
+            frame = await self.swarm.puller.fetch(
+                PeerID(ann.peer_id), ann.packet_sha256, max_bytes=ann.packet_size, size=ann.packet_size,
+                timeout=max(0.1, timeout), step=ann.step,
+            )  # fmt: skip
+        except (PullError, Rejected) as e:
+            log.info("pull of step %d from %s failed: %s", ann.step, ann.peer_id_b58, e)
+            return
+        self._stats.count_down(len(frame))
+        if not state.frozen:
+            state.frames[ann.peer_id] = (ann.packet_sha256, frame)
+
+    def _on_manifest(self, data: bytes, sender: bytes) -> None:
+        cfg = self.config
+        man = open_manifest(
+            data,
+            run_id=self.swarm.run_id,
+            max_entries=cfg.max_manifest_entries,
+            max_size=cfg.limits.max_frame_bytes,
+        )
+        if man.leader != sender:
+            raise Rejected(RejectCode.WRONG_PEER, "manifest relayed under another sender")
+        state = self._round(man.step)
+        if state is not None and state.decided is None:
+            state.manifests.setdefault(man.leader, man)
+            state.changed.set()
+
+    async def collect(self, step: int) -> Round:
+        """The accepted set of ``step``; waits for the deadline and the manifest. See module doc."""
+        if self._closed:
+            raise PeerDead("this node has left the swarm")
+        state = self._round(step)
+        if state is None:
+            raise RoundUnavailable(f"step {step} is older than the retention window")
+        if state.decided is not None:
+            return state.decided
+        await asyncio.sleep(max(0.0, state.opened_at + self.config.round_deadline_s - time.monotonic()))
+        if state.decided is not None:
+            return state.decided
+        state.frozen = True
+        ranked = sorted(set(state.announced) | set(state.frames), key=lambda p: leader_rank(step, p))
+        if self.peer_id in ranked:
+            self._spawn(self._lead(step, state, ranked.index(self.peer_id)))
+        manifest = await self._await_manifest(step, state, ranked)
+        state.decided = await self._fill(step, state, manifest)
+        return state.decided
+
+    async def _lead(self, step: int, state: _RoundState, position: int) -> None:
+        await asyncio.sleep(position * self.config.manifest_grace_s)
+        mine = leader_rank(step, self.peer_id)
+        if state.decided is not None or any(m.rank < mine for m in state.manifests.values()):
+            return
+        entries: list[Entry] = [(p, sha, len(fr)) for p, (sha, fr) in state.frames.items()]
+        data = seal_manifest(self.swarm.identity, self.swarm.run_id, step, entries)
+        state.manifests[self.peer_id] = open_manifest(
+            data,
+            run_id=self.swarm.run_id,
+            max_entries=len(entries),
+            max_size=self.config.limits.max_frame_bytes,
+        )
+        state.changed.set()
+        await self._gossip(self._manifest_gossip, manifest_topic(self.swarm.run_id), data)
+
+    async def _await_manifest(self, step: int, state: _RoundState, ranked: list[bytes]) -> RoundManifest:
+        give_up = time.monotonic() + self.config.manifest_wait_s + len(ranked) * self.config.manifest_grace_s
+        while True:
+            if state.manifests:
+                best = min(state.manifests.values(), key=lambda m: m.rank)
+                top = min([*ranked, best.leader], key=lambda p: leader_rank(step, p))
+                if best.leader == top or time.monotonic() >= give_up:
+                    return best
+            elif time.monotonic() >= give_up:
+                raise RoundUnavailable(f"step {step}: no manifest arrived (no live producer heard)")
+            state.changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(state.changed.wait(), max(0.01, give_up - time.monotonic()))
+
+    async def _fill(self, step: int, state: _RoundState, manifest: RoundManifest) -> Round:
+        frames: dict[bytes, bytes] = {}
+        listed = [p for p, _, _ in manifest.entries]
+        for peer, sha, size in manifest.entries:
+            have = state.frames.get(peer)
+            if have is not None and have[0] == sha:
+                frames[peer] = have[1]
+                continue
+            if have is not None:
+                self._stats.repulled += 1
+            sources = [peer, manifest.leader, *(p for p in listed if p not in (peer, manifest.leader))]
+            try:
+                frame = await self.swarm.puller.pull(
+                    sha, [PeerID(p) for p in sources], max_bytes=size, size=size,
+                    timeout=self.config.pull_timeout_s, step=step,
+                )  # fmt: skip
+            except PullError as e:
+                raise RoundUnavailable(f"step {step}: cannot fetch a manifest frame: {e}") from e
+            self._stats.count_down(len(frame))
+            frames[peer] = frame
+        for task in state.pulls.values():
+            task.cancel()
+        return Round(step, frames)
+
+    async def close(self) -> None:
+        """Stop listening; later calls raise PeerDead. Does not close the swarm itself."""
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        for state in self._rounds.values():
+            for pull in state.pulls.values():
+                pull.cancel()
+        await self._manifest_gossip.close()
+        for sub in self._subs:
+            await sub.close()
+
+
+class SwarmExchange(Exchange):
+    """The synchronous ``Exchange`` over an ``AsyncSwarmExchange`` whose loop runs in another thread.
+
+    Call it from a worker thread (the trainer's), never from the loop's own thread (that would
+    deadlock: ``ExchangeError``).
+    """
+
+    def __init__(self, core: AsyncSwarmExchange, loop: asyncio.AbstractEventLoop) -> None:
+        self.core, self.loop = core, loop
+        cfg = core.config
+        self._collect_timeout = (
+            cfg.round_deadline_s + cfg.manifest_wait_s + 64 * cfg.manifest_grace_s + cfg.pull_timeout_s * 2
+        )
+
+    def _run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self.loop:
+            coro.close()
+            raise ExchangeError("SwarmExchange called from its own event loop; call it from a worker thread")
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result(timeout)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise RoundUnavailable(f"exchange call did not finish within {timeout:.1f} s") from None
+
+    @property
+    def peer_id(self) -> bytes:
+        return self.core.peer_id
+
+    @property
+    def stats(self) -> ExchangeStats:
+        return self.core.stats
+
+    def publish(self, step: int, frame: bytes) -> None:
+        self._run(self.core.publish(step, frame), 30.0)
+
+    def collect(self, step: int) -> Round:
+        return self._run(self.core.collect(step), self._collect_timeout)
+
+    def close(self) -> None:
+        self._run(self.core.close(), 30.0)

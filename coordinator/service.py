@@ -230,7 +230,11 @@ class Coordinator:
     # ---------------------------------------------------------------- leases
 
     def lease(self, run: RunState, node: NodeRecord, want: int) -> dict[str, Any]:
-        """Up to ``want`` new leases, within the node's allowance. Stages the node row too."""
+        """Up to ``want`` new leases, within the node's allowance. Stages the node row too.
+
+        ``want == 0`` leases nothing and lists every lease the node holds (``held``), so a node
+        that restarted, or lost an answer, can recover the leases the coordinator credits it with.
+        """
         now = self.clock()
         self._expire(run, now)
         out = []
@@ -244,9 +248,10 @@ class Coordinator:
                 out.append(self.lease_public(run, u))
             self.counters["leases_issued"] += len(out)
         self.committer.put("nodes", node.row(run.id))
+        held = sorted(run.book.held.get(node.peer, ()))
         return {
             "leases": out,
-            "held": run.book.held_by(node.peer),
+            "held": [self.lease_public(run, run.book.units[n]) for n in held] if want == 0 else len(held),
             "exhausted": run.book.remaining == 0,
             "max_leases": run.allowance(node, now),
         }
@@ -446,4 +451,10 @@ class Coordinator:
     def lease_state(self, run: RunState, unit: int) -> dict[str, Any]:
         u = run.book.get(unit)
         names = {LEASED: "leased", DONE: "done"}
-        return {"unit": unit, "state": names.get(u.state, "free"), "holder": u.holder, "issues": u.issues}
+        return {
+            "unit": unit,
+            "state": names.get(u.state, "free"),
+            "holder": u.holder if u.state == LEASED else None,
+            "completed_by": u.completed_by,
+            "issues": u.issues,
+        }

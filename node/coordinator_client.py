@@ -234,6 +234,11 @@ class CoordinatorClient:
         r = await self._call("POST", f"/runs/{self.run_id}/leases", {"want": want}, signed=True)
         return [Lease.from_json(x) for x in r["leases"]]
 
+    async def held_leases(self) -> list[Lease]:
+        """Every lease the coordinator says this node holds (after a restart or a lost answer)."""
+        r = await self._call("POST", f"/runs/{self.run_id}/leases", {"want": 0}, signed=True)
+        return [Lease.from_json(x) for x in r["held"]]
+
     async def renew(self, lease: Lease) -> float:
         """Extend a lease; returns the new expiry. CoordinatorRefused(code='lease_lost') if it lapsed."""
         path = f"/runs/{self.run_id}/leases/{lease.unit}/renew"

@@ -491,7 +491,14 @@ JOIN = Schema(
         Field("agent", "str", required=False, default="", max_length=128),
     ),
 )
-LEASE = Schema("LeaseRequest", (Field("want", "int", required=False, default=1, minimum=1, maximum=64),))
+LEASE = Schema(
+    "LeaseRequest",
+    (
+        Field(
+            "want", "int", required=False, default=1, minimum=0, maximum=64, description="0: list held leases"
+        ),
+    ),
+)
 LEASE_TOKEN = Schema("LeaseTokenRequest", (Field("lease_token", "str", pattern=TOKEN_RE),))
 HEARTBEAT = Schema(
     "HeartbeatRequest",

@@ -202,6 +202,7 @@ async def _load(url: str, run_id: str, peers: list[Peer], args: argparse.Namespa
     planned: list[tuple[str, str, bytes, dict[str, str], Peer]] = []
     for i in range(int(args.rate * seconds * 1.05) + 16):
         p = peers[i % len(peers)]
+        obj: dict[str, Any]
         if (i // len(peers)) % 2:
             kind, path, obj = "lease", f"{base}/leases", {"want": 1}
         else:

@@ -61,6 +61,8 @@ FLAG_ZSTD = 0x01
 MAX_ZSTD_WINDOW = 1 << 24  # 16 MiB; zstd levels 1-19 never need more than 8 MiB
 _HEADER = struct.Struct(">4sBBBBII")
 _READ_CHUNK = 1 << 20
+_PROBE_ABOVE = 256 * 1024
+_PROBE_BYTES = 64 * 1024
 _MAX_KEY_LEN = 32  # msgpack map keys are short ASCII names
 
 
@@ -78,13 +80,15 @@ class EncodeError(ProtocolError, ValueError):
 def encode_frame(kind: MessageKind, body: dict[str, Any], *, compress: bool, level: int = 3) -> bytes:
     """Pack ``body`` with msgpack and frame it; zstd-compress it when ``compress`` and it gets smaller.
 
-    The zstd frame always records its content size. Cost: msgpack + zstd of the body (zstd level 3
-    runs at a few hundred MB/s on one core). Size limits are the caller's to check.
+    Bodies over 256 KiB are first probed: when zstd cannot shrink a 64 KiB sample from their
+    middle by 3 %, they go raw (coded payloads are close to incompressible; this saves the full
+    zstd pass). The zstd frame always records its content size. Cost: msgpack + at most one
+    zstd pass over the body. Size limits are the caller's to check.
     """
     raw = msgpack.packb(body, use_bin_type=True)
     flags = 0
     out = raw
-    if compress:
+    if compress and _worth_compressing(raw, level):
         cctx = zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=False)
         packed = cctx.compress(raw)
         if len(packed) < len(raw):
@@ -92,6 +96,15 @@ def encode_frame(kind: MessageKind, body: dict[str, Any], *, compress: bool, lev
     if len(out) > 0xFFFFFFFF or len(raw) > 0xFFFFFFFF:
         raise EncodeError(f"a frame body of {len(raw)} bytes does not fit the u32 length fields")
     return _HEADER.pack(FRAME_MAGIC, FRAME_VERSION, int(kind), flags, 0, len(out), len(raw)) + out
+
+
+def _worth_compressing(raw: bytes, level: int) -> bool:
+    if len(raw) <= _PROBE_ABOVE:
+        return True
+    mid = len(raw) // 2
+    sample = raw[mid - _PROBE_BYTES // 2 : mid + _PROBE_BYTES // 2]
+    packed = zstandard.ZstdCompressor(level=level).compress(sample)
+    return len(packed) < 0.97 * len(sample)
 
 
 def decode_frame(

@@ -128,10 +128,17 @@ class Stats:
 async def _start_server(args: argparse.Namespace, tmp: str) -> tuple[subprocess.Popen[bytes], str]:
     port_file = Path(tmp) / "port"
     cmd = [
-        sys.executable, "-m", "distronet.coordinator.cli", "serve", "--port", "0", "--port-file", str(port_file),
-        "--data-dir", tmp, "--operator-token", args.operator_token, "--sqlite-sync", args.sqlite_sync,
-        "--log-level", "WARNING",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "distronet.coordinator.cli",
+        "serve",
+        "--port",
+        "0",
+        "--port-file",
+        str(port_file),
+    ]
+    cmd += ["--data-dir", tmp, "--operator-token", args.operator_token, "--sqlite-sync", args.sqlite_sync]
+    cmd += ["--log-level", "WARNING"]
     if args.db:
         cmd += ["--db", args.db]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)

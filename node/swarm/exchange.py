@@ -83,6 +83,7 @@ class _RoundState:
     manifests: dict[bytes, RoundManifest] = field(default_factory=dict)  # leader -> manifest
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     frozen: bool = False
+    deciding: asyncio.Task[Round] | None = None
     decided: Round | None = None
 
 
@@ -100,6 +101,7 @@ class AsyncSwarmExchange:
         self._closed = False
         self.rejected: Counter[RejectCode] = Counter()
         self.skipped_for_budget = 0
+        self._inflight_bytes = 0  # announced frames being pulled, reserved against the download budget
 
     @classmethod
     async def create(cls, swarm: Swarm, config: ExchangeConfig | None = None) -> AsyncSwarmExchange:
@@ -123,22 +125,34 @@ class AsyncSwarmExchange:
         self._stats.bytes_up = self.swarm.bandwidth.up.total_bytes
         return self._stats
 
+    def frame_allowance(self, n_pullers: int, within_s: float) -> int:
+        """Largest frame (bytes) our upload budget can serve to ``n_pullers`` peers within
+        ``within_s`` seconds — the optimizer lowers k (or sends a subset of tensors) to fit."""
+        return self.swarm.bandwidth.up.affordable(within_s) // max(1, n_pullers)
+
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _round(self, step: int, *, create: bool = True) -> _RoundState | None:
+    def _round(self, step: int, *, local: bool) -> _RoundState | None:
+        """The round of ``step``, opened if new. Only local calls (publish/collect) move the window;
+        gossip may open rounds only inside it (``retention`` back, ``limits.max_step_lead`` ahead),
+        so a peer cannot push us forward or make us hold unbounded rounds."""
         state = self._rounds.get(step)
-        if state is None:
-            if step <= self._newest - self.config.retention or not create:
-                return None
-            state = self._rounds[step] = _RoundState(time.monotonic())
-            if step > self._newest:
-                self._newest = step
-                for old in [s for s in self._rounds if s <= step - self.config.retention]:
-                    del self._rounds[old]
-                self.swarm.puller.store.evict_before(step - self.config.retention + 1)
+        if state is not None:
+            return state
+        lead, keep = self.config.limits.max_step_lead, self.config.retention
+        if step <= self._newest - keep:
+            return None
+        if not local and (step > self._newest + lead if self._newest >= 0 else len(self._rounds) >= 2 * keep):
+            return None
+        state = self._rounds[step] = _RoundState(time.monotonic())
+        if local and step > self._newest:
+            self._newest = step
+            for old in [s for s in self._rounds if not step - keep < s <= step + lead]:
+                del self._rounds[old]
+            self.swarm.puller.store.evict_before(step - keep + 1)
         return state
 
     async def publish(self, step: int, frame: bytes) -> None:
@@ -147,7 +161,7 @@ class AsyncSwarmExchange:
             raise PeerDead("this node has left the swarm")
         if step in self._own:
             raise ExchangeError(f"step {step} already published by this peer")
-        state = self._round(step)
+        state = self._round(step, local=True)
         if state is None:
             raise RoundUnavailable(f"step {step} is older than the retention window")
         self._own.add(step)
@@ -177,8 +191,12 @@ class AsyncSwarmExchange:
         ann = open_announcement(data, run_id=self.swarm.run_id, limits=self.config.limits)
         if ann.peer_id != sender:
             raise Rejected(RejectCode.WRONG_PEER, "announcement relayed under another sender")
-        state = self._round(ann.step)
-        if state is None or state.frozen:
+        state = self._round(ann.step, local=False)
+        if state is None:
+            raise Rejected(
+                RejectCode.STALE_STEP, f"announcement for step {ann.step}, window at {self._newest}"
+            )
+        if state.frozen:
             self._stats.late_dropped += 1
             return
         if ann.peer_id in state.announced:
@@ -186,12 +204,19 @@ class AsyncSwarmExchange:
             return
         state.announced[ann.peer_id] = ann
         left = state.opened_at + self.config.round_deadline_s - time.monotonic()
-        if not self.swarm.bandwidth.down.can_afford(ann.packet_size, left):
-            self.skipped_for_budget += 1
+        if not self.swarm.bandwidth.down.can_afford(self._inflight_bytes + ann.packet_size, left):
+            self.skipped_for_budget += 1  # a subset is pulled rather than the budget exceeded
             return
+        self._inflight_bytes += ann.packet_size
         state.pulls[ann.peer_id] = asyncio.ensure_future(self._pull_announced(state, ann, left))
 
     async def _pull_announced(self, state: _RoundState, ann: Announcement, timeout: float) -> None:
+        try:
+            await self._pull_announced_inner(state, ann, timeout)
+        finally:
+            self._inflight_bytes -= ann.packet_size
+
+    async def _pull_announced_inner(self, state: _RoundState, ann: Announcement, timeout: float) -> None:
         try:
             frame = await self.swarm.puller.fetch(
                 PeerID(ann.peer_id), ann.packet_sha256, max_bytes=ann.packet_size, size=ann.packet_size,
@@ -214,8 +239,10 @@ class AsyncSwarmExchange:
         )
         if man.leader != sender:
             raise Rejected(RejectCode.WRONG_PEER, "manifest relayed under another sender")
-        state = self._round(man.step)
-        if state is not None and state.decided is None:
+        state = self._round(man.step, local=False)
+        if state is None:
+            raise Rejected(RejectCode.STALE_STEP, f"manifest for step {man.step}, window at {self._newest}")
+        if state.decided is None:
             state.manifests.setdefault(man.leader, man)
             state.changed.set()
 
@@ -223,11 +250,16 @@ class AsyncSwarmExchange:
         """The accepted set of ``step``; waits for the deadline and the manifest. See module doc."""
         if self._closed:
             raise PeerDead("this node has left the swarm")
-        state = self._round(step)
+        state = self._round(step, local=True)
         if state is None:
             raise RoundUnavailable(f"step {step} is older than the retention window")
         if state.decided is not None:
             return state.decided
+        if state.deciding is None:  # concurrent collects of one step share one decision
+            state.deciding = asyncio.ensure_future(self._decide(step, state))
+        return await asyncio.shield(state.deciding)
+
+    async def _decide(self, step: int, state: _RoundState) -> Round:
         await asyncio.sleep(max(0.0, state.opened_at + self.config.round_deadline_s - time.monotonic()))
         if state.decided is not None:
             return state.decided
@@ -301,6 +333,8 @@ class AsyncSwarmExchange:
         for state in self._rounds.values():
             for pull in state.pulls.values():
                 pull.cancel()
+            if state.deciding is not None:
+                state.deciding.cancel()
         await self._manifest_gossip.close()
         for sub in self._subs:
             await sub.close()

@@ -16,11 +16,14 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from distronet.node.budget import Bandwidth
 from distronet.node.exchange.base import ExchangeError, Round
 from distronet.node.swarm.exchange import AsyncSwarmExchange, ExchangeConfig, SwarmExchange, manifest_topic
 from distronet.node.swarm.membership import MembershipConfig
 from distronet.node.swarm.p2p import SwarmConfig
 from distronet.node.swarm.stack import Swarm
+from distronet.protocol.announce import seal_announcement
+from distronet.protocol.errors import RejectCode
 from distronet.protocol.identity import Identity
 from distronet.protocol.layout import layout_digest
 from distronet.protocol.packet import open_packet, seal_packet
@@ -97,6 +100,47 @@ async def test_three_peers_get_identical_accepted_sets_for_several_steps(
     stats = peers[0][1].stats
     assert stats.packets_up == 3 and stats.packets_down >= 6
     assert stats.bytes_up >= 20_000  # others pulled our frames through our upload budget
+
+
+async def test_hostile_gossip_is_rejected_without_moving_the_window(
+    peers: list[tuple[Swarm, AsyncSwarmExchange]],
+) -> None:
+    (_, xa), (b, _), (c, _) = peers
+    far = seal_announcement(b.identity, RUN, 10**12, b"x" * 100)
+    forged = seal_announcement(c.identity, RUN, 3, b"y" * 100)  # relayed by B under C's name
+    before = dict(xa.rejected)
+    await b.gossip.publish(b.topic, far)
+    await b.gossip.publish(b.topic, forged)
+
+    async def both_rejected() -> bool:
+        stale = xa.rejected[RejectCode.STALE_STEP] > before.get(RejectCode.STALE_STEP, 0)
+        return stale and xa.rejected[RejectCode.WRONG_PEER] > before.get(RejectCode.WRONG_PEER, 0)
+
+    await eventually(both_rejected, 10.0, "A to reject both announcements")
+    assert 10**12 not in xa._rounds and max(xa._rounds) < 10
+
+
+async def test_download_budget_forces_a_subset_yet_replicas_agree(
+    peers: list[tuple[Swarm, AsyncSwarmExchange]],
+) -> None:
+    (_, _), (_, _), (c, xc) = peers
+    slow = Bandwidth.from_rates("unlimited", "100kbit")  # 12.5 KB/s down, 16 KiB burst
+    c.bandwidth = c.puller.bandwidth = slow
+    try:
+        step = 4
+        skipped = xc.skipped_for_budget
+        sent = {s.identity.peer_id: packet(s, step) for s, _ in peers}
+        start = time.monotonic()
+        for swarm, ex in peers:
+            await ex.publish(step, sent[swarm.identity.peer_id])
+        rounds = await asyncio.gather(*(ex.collect(step) for _, ex in peers))
+        elapsed = time.monotonic() - start
+        assert rounds[0] == rounds[1] == rounds[2] and len(rounds[0]) >= 2
+        assert all(rounds[0][p] == sent[p] for p in rounds[0])
+        assert xc.skipped_for_budget > skipped  # it could not afford both frames by the deadline
+        assert slow.down.total_bytes <= slow.down.burst + slow.down.rate * elapsed
+    finally:
+        c.bandwidth = c.puller.bandwidth = Bandwidth.unlimited()
 
 
 async def test_killed_peer_is_left_out_and_the_rest_stay_identical(

@@ -1,0 +1,1 @@
+"""The DisTrO optimizer: config and presets (``config``), packets (``packets``), update rules, optimizer."""

@@ -1,0 +1,205 @@
+"""``DistroConfig``: every knob of the DisTrO optimizer, frozen, with named presets.
+
+Presets (``preset(name, **overrides)``):
+
+* ``demo_reference`` — DeMo as published (``bloc97/DeMo``): β 0.999, chunk 64, k 32, fp32 values,
+  fixed-width indices, the learning rate inside the momentum (``m ← β·m + lr·g``), sign of the
+  inverse-transformed aggregate.
+* ``psyche`` — Psyche's production settings: β 0.995, k 4, 1-bit values, sign update.
+* ``ours_k32`` / ``ours_k4_1bit`` — our configurations (the values the convergence benchmark
+  chose; see docs/benchmarks.md): tiny tensors sent dense, RMS-normalised or orthogonalised
+  update, warm-up and cosine decay.
+
+Update rules (``UpdateRule``), applied to the mean aggregate ``D`` of one tensor:
+
+* ``SIGN``: ``sign(D)`` (DeMo).
+* ``RMS``: ``D / rms(D)`` — keeps relative magnitudes, same RMS (1) as sign.
+* ``ADAM``: ``D / (sqrt(v̂) + ε)`` with ``v ← β₂·v + (1 − β₂)·D²`` kept per element (identical on
+  every replica, since every replica sees the same ``D``): Adam's normalisation of the aggregate.
+* ``ORTHO``: for hidden 2-D matrices Newton–Schulz orthogonalisation (Muon) scaled to RMS 1;
+  tensors whose name contains one of ``ortho_skip`` (embeddings, output head) and tensors of
+  rank != 2 use ``fallback``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from typing import Any
+
+from distronet.kernels.coding import IndexCoding, ValueCoding
+from distronet.protocol.errors import ConfigError
+
+__all__ = ["PRESETS", "DistroConfig", "UpdateRule", "lr_at", "preset"]
+
+
+class UpdateRule(str, enum.Enum):
+    """How the aggregated direction becomes the parameter update (module docstring)."""
+
+    SIGN = "sign"
+    RMS = "rms"
+    ADAM = "adam"
+    ORTHO = "ortho"
+
+
+@dataclasses.dataclass(frozen=True)
+class DistroConfig:
+    """The DisTrO optimizer's configuration. Invalid values raise ``ConfigError``.
+
+    Learning rate: ``lr`` is the peak; linear warm-up over ``warmup_steps``, then ``decay``
+    (``"cosine"``, ``"linear"`` or ``"constant"``) down to ``min_lr_ratio * lr`` at
+    ``total_steps`` (0 = no decay).
+
+    Extraction: each tensor is cut into chunks (``chunk``); momentum lives in DCT space; the
+    ``k`` largest coefficients per chunk travel, coded with ``value_coding``/``index_coding``.
+    Tensors with ``numel <= dense_max_numel`` (or of rank <= 1 when ``dense_1d``) travel dense
+    (every coefficient, no index bits) with ``dense_value_coding``. ``k_start`` > ``k`` starts
+    with a larger k and decays it linearly to ``k`` over ``k_decay_steps``.
+    """
+
+    lr: float = 1e-3
+    beta: float = 0.999
+    chunk: int = 64
+    k: int = 32
+    value_coding: ValueCoding = ValueCoding.FP32
+    index_coding: IndexCoding = IndexCoding.FIXED
+    lr_in_momentum: bool = False
+    update: UpdateRule = UpdateRule.SIGN
+    weight_decay: float = 0.0
+    dense_1d: bool = False
+    dense_max_numel: int = 0
+    dense_value_coding: ValueCoding = ValueCoding.FP32
+    k_start: int = 0
+    k_decay_steps: int = 0
+    warmup_steps: int = 0
+    total_steps: int = 0
+    decay: str = "cosine"
+    min_lr_ratio: float = 0.1
+    overlap: bool = False
+    overlap_lookahead: bool = True
+    ns_steps: int = 5
+    beta2: float = 0.99
+    adam_eps: float = 1e-8
+    fallback: UpdateRule = UpdateRule.RMS
+    ortho_skip: tuple[str, ...] = ("wte", "wpe", "lm_head", "embed", "head")
+    eps: float = 1e-12
+    run_id: str = "local"
+
+    def __post_init__(self) -> None:
+        _check(math.isfinite(self.lr) and self.lr > 0, f"lr must be a positive number, got {self.lr}")
+        _check(0.0 <= self.beta < 1.0, f"beta must be in [0, 1), got {self.beta}")
+        _check(1 <= self.chunk <= 4096, f"chunk must be in [1, 4096], got {self.chunk}")
+        _check(self.k >= 1, f"k must be >= 1, got {self.k}")
+        _check(self.k_start == 0 or self.k_start >= self.k, "k_start must be 0 or >= k")
+        _check(self.k_decay_steps >= 0, "k_decay_steps must be >= 0")
+        _check(self.weight_decay >= 0.0, f"weight_decay must be >= 0, got {self.weight_decay}")
+        _check(self.dense_max_numel >= 0, "dense_max_numel must be >= 0")
+        _check(self.warmup_steps >= 0 and self.total_steps >= 0, "warmup_steps/total_steps must be >= 0")
+        _check(self.decay in ("cosine", "linear", "constant"), f"unknown decay {self.decay!r}")
+        _check(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        _check(1 <= self.ns_steps <= 20, f"ns_steps must be in [1, 20], got {self.ns_steps}")
+        _check(self.eps > 0 and self.adam_eps > 0, "eps and adam_eps must be > 0")
+        _check(0.0 <= self.beta2 < 1.0, f"beta2 must be in [0, 1), got {self.beta2}")
+        _check(bool(self.run_id), "run_id must not be empty")
+        for name, enum_type in (
+            ("value_coding", ValueCoding),
+            ("index_coding", IndexCoding),
+            ("dense_value_coding", ValueCoding),
+            ("update", UpdateRule),
+            ("fallback", UpdateRule),
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, enum_type):
+                try:
+                    object.__setattr__(
+                        self,
+                        name,
+                        enum_type[value]
+                        if isinstance(value, str) and value in enum_type.__members__
+                        else enum_type(value),
+                    )
+                except (KeyError, ValueError) as e:
+                    raise ConfigError(f"{name}: unknown value {value!r}") from e
+        _check(self.fallback is not UpdateRule.ORTHO, "fallback cannot be ORTHO")
+
+    def k_at(self, step: int) -> int:
+        """The top-k per chunk used at ``step`` (the k schedule)."""
+        if not self.k_start or step >= self.k_decay_steps:
+            return self.k
+        frac = step / max(1, self.k_decay_steps)
+        return max(self.k, round(self.k_start + (self.k - self.k_start) * frac))
+
+
+def _check(ok: bool, msg: str) -> None:
+    if not ok:
+        raise ConfigError(f"DistroConfig: {msg}")
+
+
+def lr_at(cfg: DistroConfig, step: int) -> float:
+    """The learning rate at ``step`` (0-based): linear warm-up, then the configured decay."""
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    if not cfg.total_steps or cfg.decay == "constant":
+        return cfg.lr
+    span = max(1, cfg.total_steps - cfg.warmup_steps)
+    frac = min(1.0, max(0.0, (step - cfg.warmup_steps) / span))
+    floor = cfg.min_lr_ratio
+    if cfg.decay == "linear":
+        return cfg.lr * (1.0 - (1.0 - floor) * frac)
+    return cfg.lr * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * frac)))
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "demo_reference": dict(
+        beta=0.999,
+        chunk=64,
+        k=32,
+        value_coding=ValueCoding.FP32,
+        index_coding=IndexCoding.FIXED,
+        lr_in_momentum=True,
+        update=UpdateRule.SIGN,
+    ),
+    "psyche": dict(
+        beta=0.995,
+        chunk=64,
+        k=4,
+        value_coding=ValueCoding.SIGN1,
+        index_coding=IndexCoding.FIXED,
+        update=UpdateRule.SIGN,
+    ),
+    "ours_k32": dict(
+        beta=0.95,
+        chunk=64,
+        k=32,
+        value_coding=ValueCoding.INT8,
+        index_coding=IndexCoding.ENTROPY,
+        update=UpdateRule.RMS,
+        dense_1d=True,
+        dense_value_coding=ValueCoding.INT8,
+        warmup_steps=20,
+    ),
+    "ours_k4_1bit": dict(
+        beta=0.95,
+        chunk=64,
+        k=4,
+        value_coding=ValueCoding.SIGN1,
+        index_coding=IndexCoding.ENTROPY,
+        update=UpdateRule.RMS,
+        dense_1d=True,
+        dense_value_coding=ValueCoding.SIGN1,
+        warmup_steps=20,
+    ),
+}
+"""Named presets: field overrides on top of ``DistroConfig``'s defaults."""
+
+
+def preset(name: str, **overrides: Any) -> DistroConfig:
+    """The named preset with ``overrides`` applied. Raises ``ConfigError`` for an unknown name/field."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown optimizer preset {name!r}; known: {', '.join(sorted(PRESETS))}")
+    fields = {f.name for f in dataclasses.fields(DistroConfig)}
+    bad = sorted(set(overrides) - fields)
+    if bad:
+        raise ConfigError(f"unknown DistroConfig field(s): {', '.join(bad)}")
+    return DistroConfig(**{**PRESETS[name], **overrides})

@@ -1,0 +1,228 @@
+"""``DistroOptimizer``: DisTrO/DeMo as a ``torch.optim.Optimizer`` over an ``Exchange``.
+
+One step ``t`` (ARCHITECTURE.md §3), per parameter, momentum kept in DCT coefficient space:
+
+    m̂ ← β·m̂ + DCT(g)                    (× lr inside for the DeMo reference)
+    send = quantise(top-k per chunk of m̂)  → sealed packet for step t → exchange.publish
+    m̂ ← m̂ − dequantised(send)            (exact error feedback, quantisation error included)
+    round = exchange.collect(t)            (accepted set, identical on every replica)
+    D = IDCT(Σ_peers parts, peer-id order) / n_accepted      (one scatter, ONE inverse)
+    θ ← θ·(1 − lr·λ) − lr·rule(D)          (decoupled weight decay; rule: sign / RMS / ortho)
+
+Determinism: every replica decodes the same frames, sums them in ascending peer-id order and
+runs the same kernels, so all replicas apply a bit-identical update (on CPU; CUDA scatter uses
+atomics). If this peer's own packet is not in the accepted set, what it sent is added back to
+its momentum, so nothing is lost.
+
+Overlap (``cfg.overlap``): ``step`` publishes step t's packet and applies round t − 1, so the
+exchange of t runs while t + 1 computes. The replicas keep a bit-identical *consensus* copy θ̄
+that only ever receives aggregated updates; the model's parameters are θ̄ − lr·U_{t−1}
+(``overlap_lookahead``): the last update stands in for the one still in flight and is replaced
+(corrected) by the real one when it arrives. ``flush()`` applies the last round and sets θ = θ̄.
+
+The split ``begin_step()`` / ``finish_step()`` lets a single-threaded simulation publish every
+peer's packet before any peer collects; ``step()`` is both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import nn
+
+from distronet.kernels.dct import dct_chunks
+from distronet.kernels.decode import decode_sum
+from distronet.node.exchange.base import Exchange, Round
+from distronet.node.optim.config import DistroConfig, UpdateRule, lr_at
+from distronet.node.optim.packets import (
+    SentTensor,
+    TensorPlan,
+    build_packet,
+    make_plans,
+    open_round,
+    run_digest,
+)
+from distronet.node.optim.update import apply_rule
+from distronet.protocol.errors import ConfigError, RejectCode
+from distronet.protocol.identity import Identity
+
+__all__ = ["DistroOptimizer", "StepReport"]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepReport:
+    """What one applied round looked like from this replica."""
+
+    step: int
+    lr: float
+    accepted: tuple[bytes, ...]
+    rejected: dict[bytes, RejectCode]
+    own_accepted: bool
+
+
+@dataclasses.dataclass
+class _Pending:
+    sent: list[SentTensor]
+    lr: float
+
+
+class DistroOptimizer(torch.optim.Optimizer):
+    """DisTrO optimizer (module docstring). Parameters are given with names (the run's layout).
+
+    ``named_params``: ``model.named_parameters()`` (tied weights appear once). All replicas of a
+    run must pass the same names and shapes in the same order, and the same ``cfg``.
+    Raises ``ConfigError`` for an empty or non-float parameter list.
+    """
+
+    def __init__(
+        self,
+        named_params: Iterable[tuple[str, nn.Parameter]],
+        cfg: DistroConfig,
+        exchange: Exchange,
+        identity: Identity,
+    ) -> None:
+        named = list(named_params)
+        if not named:
+            raise ConfigError("DistroOptimizer needs at least one parameter")
+        for name, p in named:
+            if not p.is_floating_point():
+                raise ConfigError(f"parameter {name} is not floating point ({p.dtype})")
+        super().__init__([p for _, p in named], {"lr": cfg.lr})
+        self.cfg = cfg
+        self.exchange = exchange
+        self.identity = identity
+        self.plans: list[TensorPlan] = make_plans([(n, tuple(p.shape)) for n, p in named], cfg)
+        self.digest = run_digest(self.plans)
+        self._params = [p for _, p in named]
+        for plan, p in zip(self.plans, self._params, strict=True):
+            st = self.state[p]
+            st["momentum"] = torch.zeros(
+                (plan.layout.n_chunks, plan.layout.chunk_numel), dtype=torch.float32, device=p.device
+            )
+            if cfg.overlap:
+                st["consensus"] = p.detach().clone()
+        self._t = 0
+        self._begun = False
+        self._pending: dict[int, _Pending] = {}
+        self.reports: list[StepReport] = []
+
+    @property
+    def step_index(self) -> int:
+        """The next step to run (0-based)."""
+        return self._t
+
+    def _momenta(self) -> list[torch.Tensor]:
+        return [self.state[p]["momentum"] for p in self._params]
+
+    @torch.no_grad()
+    def begin_step(self) -> None:
+        """Accumulate gradients into the momentum, extract, publish this step's packet.
+
+        Raises ``PeerDead`` (from the exchange) when this peer is gone.
+        """
+        t, cfg = self._t, self.cfg
+        lr = lr_at(cfg, t)
+        for group in self.param_groups:
+            group["lr"] = lr
+        momenta = self._momenta()
+        for plan, p, m in zip(self.plans, self._params, momenta, strict=True):
+            g = p.grad if p.grad is not None else torch.zeros_like(p)
+            m.mul_(cfg.beta).add_(
+                dct_chunks(g.detach().float(), plan.layout), alpha=lr if cfg.lr_in_momentum else 1.0
+            )
+        frame, sent = build_packet(self.plans, momenta, cfg, t, self.identity, self.digest)
+        for m, s in zip(momenta, sent, strict=True):
+            m.scatter_(1, s.idx, m.gather(1, s.idx) - s.val)
+        self._pending[t] = _Pending(sent, lr)
+        self._begun = True
+        self.exchange.publish(t, frame)
+
+    @torch.no_grad()
+    def finish_step(self) -> None:
+        """Collect and apply the due round (step t, or t − 1 when overlapped); advance to t + 1."""
+        if not self._begun:
+            raise ConfigError("finish_step() called without begin_step()")
+        due = self._t - 1 if self.cfg.overlap else self._t
+        if due >= 0:
+            self._apply(self.exchange.collect(due))
+        self._begun = False
+        self._t += 1
+
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """One full step: ``begin_step()`` then ``finish_step()``. Returns ``closure()``'s loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.begin_step()
+        self.finish_step()
+        return loss
+
+    @torch.no_grad()
+    def flush(self) -> None:
+        """Overlap mode: apply the last round still in flight and drop the lookahead (θ = θ̄)."""
+        if not self.cfg.overlap or self._t == 0:
+            return
+        last = self._t - 1
+        if last in self._pending:
+            self._apply(self.exchange.collect(last), lookahead=False)
+        for p in self._params:
+            p.copy_(self.state[p]["consensus"])
+
+    def _rule_for(self, plan: TensorPlan) -> UpdateRule:
+        cfg = self.cfg
+        if cfg.update is UpdateRule.ORTHO:
+            hidden = len(plan.layout.shape) == 2 and not any(s in plan.name for s in cfg.ortho_skip)
+            return UpdateRule.ORTHO if hidden else cfg.fallback
+        return cfg.update
+
+    def _direction(self, plan: TensorPlan, p: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        cfg, st = self.cfg, self.state[p]
+        rule = self._rule_for(plan)
+        v = None
+        if rule is UpdateRule.ADAM:
+            v = st.setdefault("v", torch.zeros_like(d))
+            st["n"] = st.get("n", 0) + 1
+        return apply_rule(
+            rule,
+            d,
+            ns_steps=cfg.ns_steps,
+            eps=cfg.eps,
+            v=v,
+            n=st.get("n", 1),
+            beta2=cfg.beta2,
+            adam_eps=cfg.adam_eps,
+        )
+
+    @torch.no_grad()
+    def _apply(self, rnd: Round, *, lookahead: bool = True) -> None:
+        cfg = self.cfg
+        pending = self._pending.pop(rnd.step)
+        for old in [s for s in self._pending if s < rnd.step]:
+            del self._pending[old]
+        device = self._params[0].device
+        dec = open_round(rnd.frames, self.plans, cfg, rnd.step, self.digest, device)
+        own = self.identity.peer_id in dec.peers
+        if not own:  # our packet did not count: give what we sent back to the momentum
+            for m, s in zip(self._momenta(), pending.sent, strict=True):
+                m.scatter_add_(1, s.idx, s.val)
+        self.reports.append(StepReport(rnd.step, pending.lr, dec.peers, dec.rejected, own))
+        n, lr = len(dec.peers), pending.lr
+        next_lr = lr_at(cfg, rnd.step + 1) if (lookahead and cfg.overlap_lookahead) else 0.0
+        for plan, p in zip(self.plans, self._params, strict=True):
+            parts = dec.parts[plan.tensor_id]
+            base = self.state[p]["consensus"] if cfg.overlap else p
+            if n:
+                d = decode_sum(plan.layout, parts, dtype=torch.float32, device=device).div_(n)
+                u = self._direction(plan, p, d).to(p.dtype)
+                if cfg.weight_decay:
+                    base.mul_(1.0 - lr * cfg.weight_decay)
+                base.add_(u, alpha=-lr)
+            else:
+                u = torch.zeros_like(p)
+            if cfg.overlap:
+                p.copy_(base)
+                if next_lr:
+                    p.add_(u, alpha=-next_lr)

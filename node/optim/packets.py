@@ -1,0 +1,162 @@
+"""From momentum to a sealed packet and from a round of packets to per-tensor parts.
+
+``TensorPlan`` fixes, per parameter, its tensor id (position in the run's layout), chunk layout
+and whether it travels dense. ``build_packet`` extracts the top-k of each tensor's coefficient-
+space momentum, codes it, and returns the sealed frame plus the dequantised values that were sent
+(for exact error feedback). ``open_round`` verifies and decodes a round's frames, in ascending
+peer-id order, skipping (deterministically: every replica skips the same ones) frames that fail.
+
+Cost per step: one top-k per tensor, one value/index coding pass, one zstd + Ed25519 signature;
+decoding is linear in the round's bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from distronet.kernels.coding import EncodedTensor, decode_payload, encode_payload, encode_tensor
+from distronet.kernels.layout import ChunkLayout, plan_layout
+from distronet.kernels.topk import topk_chunks
+from distronet.node.optim.config import DistroConfig
+from distronet.protocol.errors import RejectCode, Rejected
+from distronet.protocol.identity import Identity
+from distronet.protocol.layout import layout_digest
+from distronet.protocol.packet import open_packet, seal_packet
+
+__all__ = [
+    "DecodedRound",
+    "SentTensor",
+    "TensorPlan",
+    "build_packet",
+    "make_plans",
+    "open_round",
+    "run_digest",
+]
+
+Part = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorPlan:
+    """How one parameter travels: tensor id, name, layout, dense or top-k."""
+
+    tensor_id: int
+    name: str
+    layout: ChunkLayout
+    dense: bool
+
+    def k(self, k: int) -> int:
+        """Coefficients per chunk sent when the run's k is ``k``."""
+        return self.layout.chunk_numel if self.dense else min(k, self.layout.chunk_numel)
+
+
+@dataclasses.dataclass(frozen=True)
+class SentTensor:
+    """What this peer sent for one tensor: indices and the values a receiver will decode."""
+
+    idx: torch.Tensor  # int64 (n_chunks, k)
+    val: torch.Tensor  # float32 (n_chunks, k), dequantised
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodedRound:
+    """A verified round: per tensor id, the parts of the accepted peers in peer-id order."""
+
+    step: int
+    peers: tuple[bytes, ...]
+    parts: dict[int, list[Part]]
+    rejected: dict[bytes, RejectCode]
+
+
+def make_plans(named_shapes: Sequence[tuple[str, tuple[int, ...]]], cfg: DistroConfig) -> list[TensorPlan]:
+    """One plan per parameter, in the given order (the order is the tensor id)."""
+    plans = []
+    for tid, (name, shape) in enumerate(named_shapes):
+        layout = plan_layout(tuple(shape), cfg.chunk)
+        numel = layout.numel
+        dense = (cfg.dense_1d and len(shape) <= 1) or numel <= cfg.dense_max_numel
+        plans.append(TensorPlan(tid, name, layout, dense))
+    return plans
+
+
+def run_digest(plans: Sequence[TensorPlan]) -> bytes:
+    """The run's layout digest (names, shapes, chunk sizes) that every packet carries."""
+    return layout_digest([(p.name, p.layout.shape, p.layout.chunk) for p in plans])
+
+
+def build_packet(
+    plans: Sequence[TensorPlan],
+    momenta: Sequence[torch.Tensor],
+    cfg: DistroConfig,
+    step: int,
+    identity: Identity,
+    digest: bytes,
+) -> tuple[bytes, list[SentTensor]]:
+    """Extract, code and seal this peer's packet for ``step``.
+
+    ``momenta[i]`` is plan i's coefficient-space momentum ``(n_chunks, chunk_numel)``; it is not
+    modified. Returns the sealed frame and, per tensor, what was sent (dequantised).
+    """
+    encoded: list[EncodedTensor] = []
+    sent: list[SentTensor] = []
+    k_now = cfg.k_at(step)
+    for plan, m in zip(plans, momenta, strict=True):
+        k = plan.k(k_now)
+        if plan.dense:
+            idx = torch.arange(k, dtype=torch.int64).expand(m.shape[0], k)
+            val = m
+        else:
+            idx, val = topk_chunks(m, k)
+        vc = cfg.dense_value_coding if plan.dense else cfg.value_coding
+        enc, deq = encode_tensor(
+            plan.tensor_id,
+            np.ascontiguousarray(idx.cpu().numpy(), dtype=np.int64),
+            np.ascontiguousarray(val.detach().cpu().numpy(), dtype=np.float32),
+            plan.layout.chunk_numel,
+            vc,
+            cfg.index_coding,
+        )
+        encoded.append(enc)
+        sent.append(SentTensor(idx, torch.from_numpy(np.asarray(deq, dtype=np.float32)).to(m.device)))
+    frame = seal_packet(identity, cfg.run_id, step, digest, encode_payload(encoded))
+    return frame, sent
+
+
+def open_round(
+    frames: Mapping[bytes, bytes],
+    plans: Sequence[TensorPlan],
+    cfg: DistroConfig,
+    step: int,
+    digest: bytes,
+    device: torch.device,
+) -> DecodedRound:
+    """Verify and decode a round's frames (ascending peer id); bad frames are skipped and reported.
+
+    A frame counts only when it opens (signature, run, layout), names the same peer and step, and
+    its payload decodes against the plans' layouts. Deterministic: same frames, same result.
+    """
+    shapes = [(p.layout.n_chunks, p.layout.chunk_numel) for p in plans]
+    parts: dict[int, list[Part]] = {p.tensor_id: [] for p in plans}
+    peers: list[bytes] = []
+    rejected: dict[bytes, RejectCode] = {}
+    for pid in sorted(frames):
+        try:
+            pkt = open_packet(frames[pid], run_id=cfg.run_id, layout_digest=digest)
+            if pkt.peer_id != pid:
+                raise Rejected(RejectCode.WRONG_PEER, "packet signed by another peer")
+            if pkt.step != step:
+                raise Rejected(RejectCode.STALE_STEP, f"packet for step {pkt.step}, round {step}")
+            decoded = decode_payload(pkt.payload, shapes)
+        except Rejected as e:
+            rejected[pid] = e.code
+            continue
+        peers.append(pid)
+        for t in decoded:
+            idx = torch.from_numpy(np.asarray(t.idx, dtype=np.int64)).to(device)
+            val = torch.from_numpy(np.asarray(t.val, dtype=np.float32)).to(device)
+            parts[t.tensor_id].append((idx, val))
+    return DecodedRound(step, tuple(peers), parts, rejected)

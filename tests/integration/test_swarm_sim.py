@@ -1,0 +1,78 @@
+"""In-process swarms: bit-identical replicas under faults, peer death, overlapped mode."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from distronet.node.exchange.faulty import FaultPlan
+from distronet.node.optim.config import preset
+from distronet.node.swarm_sim import SwarmFaults, param_digest, run_swarm
+from distronet.protocol.errors import ConfigError
+
+torch.manual_seed(0)
+_X = torch.randn(512, 48)
+_Y = torch.tanh(_X @ torch.randn(48, 4) / 7)
+
+
+def _factory() -> nn.Module:
+    torch.manual_seed(1)
+    return nn.Sequential(nn.Linear(48, 64), nn.Tanh(), nn.Linear(64, 4))
+
+
+def _batches(peer: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * peer + step)
+    ix = torch.randint(0, len(_X), (32,), generator=g)
+    return _X[ix], _Y[ix]
+
+
+def _mse(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return nn.functional.mse_loss(model(x), y)
+
+
+def _tail(res: object, steps: int) -> float:
+    vals = [res.mean_loss(s) for s in range(steps - 5, steps)]  # type: ignore[attr-defined]
+    return sum(vals) / len(vals)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_replicas_bit_identical_under_faults(overlap: bool) -> None:
+    plan = FaultPlan(seed=5, p_drop=0.15, p_late=0.1, p_duplicate=0.3, max_delay=0.9)
+    cfg = preset("ours_k4_1bit", lr=3e-3, overlap=overlap)
+    res = run_swarm(_factory, _batches, cfg, 4, 25, SwarmFaults(plan=plan), loss_fn=_mse)
+    assert len({param_digest(m) for m in res.models}) == 1
+    reports = [r for opt in res.optimizers for r in opt.reports]
+    assert any(len(r.accepted) < 4 for r in reports)  # the faults did cut some rounds
+    assert sum(opt.exchange.stats.duplicates_dropped for opt in res.optimizers) > 0
+    assert sum(opt.exchange.stats.repulled for opt in res.optimizers) > 0
+    assert _tail(res, 25) < 0.7 * res.mean_loss(0)
+
+
+def test_peer_death_others_continue_identically() -> None:
+    cfg = preset("ours_k4_1bit", lr=3e-3)
+    res = run_swarm(_factory, _batches, cfg, 4, 25, SwarmFaults(deaths={2: 10}), loss_fn=_mse)
+    assert res.alive == [True, True, False, True]
+    assert math.isnan(res.losses[2][10]) and res.upload_bytes[2][12] == 0
+    live = [m for i, m in enumerate(res.models) if res.alive[i]]
+    assert len({param_digest(m) for m in live}) == 1
+    assert all(len(res.optimizers[0].reports[s].accepted) == (4 if s < 10 else 3) for s in range(25))
+    assert _tail(res, 25) < 0.7 * res.mean_loss(0)
+
+
+def test_overlap_close_to_plain() -> None:
+    plain = run_swarm(_factory, _batches, preset("ours_k32", lr=3e-3), 2, 30, loss_fn=_mse)
+    lapped = run_swarm(_factory, _batches, preset("ours_k32", lr=3e-3, overlap=True), 2, 30, loss_fn=_mse)
+    assert abs(_tail(lapped, 30) / _tail(plain, 30) - 1) < 0.15
+    assert len({param_digest(m) for m in lapped.models}) == 1
+
+
+def test_upload_bytes_recorded_and_bad_arguments() -> None:
+    res = run_swarm(_factory, _batches, preset("psyche", lr=1e-3), 2, 2, loss_fn=_mse)
+    assert all(b > 0 for row in res.upload_bytes for b in row)
+    with pytest.raises(ConfigError):
+        run_swarm(_factory, _batches, preset("psyche"), 0, 2, loss_fn=_mse)
+    with pytest.raises(ConfigError):
+        run_swarm(_factory, _batches, preset("psyche"), 2, 2, SwarmFaults(deaths={5: 1}), loss_fn=_mse)

@@ -276,6 +276,22 @@ async def _load(url: str, run_id: str, peers: list[Peer], args: argparse.Namespa
     return stats
 
 
+def _verify_us() -> float:
+    """Median µs of one Ed25519 verify here and now: how loaded this machine is (~60 µs when idle)."""
+    from distronet.protocol.identity import Identity, verify
+
+    ident = Identity.generate()
+    msg = b"x" * 200
+    sig = ident.sign(msg)
+    runs = []
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(200):
+            verify(ident.peer_id, msg, sig)
+        runs.append((time.perf_counter() - t) / 200 * 1e6)
+    return sorted(runs)[2]
+
+
 def _cpu_seconds(proc: subprocess.Popen[bytes] | None) -> float:
     """User+system CPU seconds of the coordinator process (Linux /proc; 0 elsewhere)."""
     if proc is None:
@@ -307,6 +323,8 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             peers = await _setup(url, args, run_id)
             if args.warmup > 0:
                 await _load(url, run_id, peers, args, args.warmup)
+            verify_us = _verify_us()
+            load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
             cpu0 = _cpu_seconds(proc)
             t0 = time.perf_counter()
             st = await _load(url, run_id, peers, args, args.duration)
@@ -334,6 +352,8 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         "error_codes": st.codes,
         "mix": st.kinds,
         "server_cpu_us_per_request": round(cpu / max(total, 1) * 1e6, 1) if proc is not None else None,
+        "ed25519_verify_us": round(verify_us, 1),
+        "load_average_1m": round(load, 2),
         "peers": len(peers),
         "concurrency": args.concurrency,
         "duration_s": round(elapsed, 2),

@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import aiohttp
 import psutil
 import pytest
 import pytest_asyncio
@@ -20,7 +22,7 @@ import pytest_asyncio
 from distronet.node.budget import Bandwidth
 from distronet.node.swarm.errors import GossipError, PullError
 from distronet.node.swarm.membership import MembershipConfig
-from distronet.node.swarm.p2p import SwarmConfig
+from distronet.node.swarm.p2p import SwarmConfig, SwarmHost
 from distronet.node.swarm.pull import Puller, encode_response_header
 from distronet.node.swarm.stack import Swarm
 from distronet.protocol.errors import RejectCode, Rejected
@@ -41,8 +43,18 @@ async def eventually(check: Callable[[], Awaitable[bool]], timeout: float, what:
         await asyncio.sleep(0.05)
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 async def start_node(
-    tmp: Path, name: str, bootstrap: tuple[str, ...] = (), bandwidth: Bandwidth | None = None
+    tmp: Path,
+    name: str,
+    bootstrap: tuple[str, ...] = (),
+    bandwidth: Bandwidth | None = None,
+    metrics_addr: str | None = None,
 ) -> Swarm:
     identity = Identity.generate()
     path = tmp / f"{name}.key"
@@ -53,6 +65,7 @@ async def start_node(
         nat_traversal=False,
         gossip_heartbeat_s=0.2,
         idle_timeout_s=5.0,
+        metrics_addr=metrics_addr,
     )
     membership = MembershipConfig(run_id=RUN, ttl_s=TTL, renew_every_s=1.0, dht_wait_timeout_s=1.0)
     return await Swarm.start(identity, config, membership, bandwidth=bandwidth)
@@ -61,7 +74,10 @@ async def start_node(
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def nodes(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[list[Swarm]]:
     tmp = tmp_path_factory.mktemp("swarm")
-    a = await start_node(tmp, "a", bandwidth=Bandwidth.from_rates("40mbit", "unlimited"))
+    metrics = f"127.0.0.1:{free_port()}"
+    a = await start_node(
+        tmp, "a", bandwidth=Bandwidth.from_rates("40mbit", "unlimited"), metrics_addr=metrics
+    )
     started = [a]
     try:
         boot = tuple(await a.host.maddrs())
@@ -263,3 +279,32 @@ async def test_graceful_leave_is_seen_before_the_ttl(nodes: list[Swarm], tmp_pat
 
     await eventually(e_gone, TTL, "the tombstone")
     assert time.monotonic() - left_at < TTL
+
+
+async def test_p2pd_serves_its_own_prometheus_metrics(nodes: list[Swarm]) -> None:
+    addr = nodes[0].host.config.metrics_addr
+    assert addr is not None
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as session,
+        session.get(f"http://{addr}/metrics") as resp,
+    ):
+        assert resp.status == 200
+        text = await resp.text()
+    assert "libp2p" in text
+
+
+async def test_daemon_exits_by_itself_when_its_client_is_gone() -> None:
+    """What protects against orphans when a node process is SIGKILLed: p2pd's -idleTimeout."""
+    host = await SwarmHost.start(SwarmConfig(nat_traversal=False, idle_timeout_s=1.0))
+    pid = host.pid
+    assert pid is not None
+    try:
+        host.p2p._client.close()  # the control connection drops, as when our process dies
+
+        async def exited() -> bool:
+            return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+        await eventually(exited, 10.0, "p2pd to exit on its own")
+    finally:
+        await host.close()

@@ -155,7 +155,7 @@ def decode_frame(
         raise Rejected(RejectCode.MALFORMED, f"{actual - body_len} bytes after the declared body")
     body = memoryview(frame)[FRAME_HEADER_BYTES:]
     if flags & FLAG_ZSTD:
-        raw: bytes | memoryview = _decompress(body, raw_len, raw_cap)
+        raw: bytes | bytearray | memoryview = _decompress(body, raw_len, raw_cap)
     else:
         if raw_len != body_len:
             raise Rejected(RejectCode.MALFORMED, "raw body: decompressed length differs from body length")
@@ -165,7 +165,7 @@ def decode_frame(
     return _unpack(raw, limits, raw_cap, max_map_len=max_map_len, max_array_len=max_array_len)
 
 
-def _decompress(body: memoryview, declared: int, limit: int) -> bytes:
+def _decompress(body: memoryview, declared: int, limit: int) -> bytearray:
     """Stream-decompress one zstd frame, refusing any output past ``declared`` (<= ``limit``)."""
     if declared > limit:
         raise Rejected(
@@ -198,11 +198,11 @@ def _decompress(body: memoryview, declared: int, limit: int) -> bytes:
         raise Rejected(RejectCode.DECOMPRESSION_BOMB, f"expands past its declared {declared} bytes")
     if len(out) < declared:
         raise Rejected(RejectCode.TRUNCATED, f"zstd frame ends after {len(out)} of {declared} bytes")
-    return bytes(out)
+    return out
 
 
 def _unpack(
-    raw: bytes | memoryview, limits: Limits, max_bin: int, *, max_map_len: int, max_array_len: int
+    raw: bytes | bytearray | memoryview, limits: Limits, max_bin: int, *, max_map_len: int, max_array_len: int
 ) -> dict[str, Any]:
     try:
         obj = msgpack.unpackb(

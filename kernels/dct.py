@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from distronet.kernels.layout import ChunkLayout
+from distronet.kernels.workspace import scratch
 from distronet.protocol.errors import KernelError
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "dct_basis",
     "dct_chunks",
     "dct_spatial",
+    "forward_spatial",
     "idct_chunks",
     "idct_spatial",
     "spatial_from_chunks",
@@ -79,12 +81,8 @@ def _bases(layout: ChunkLayout, dtype: torch.dtype, device: torch.device) -> lis
     return [dct_basis(b, dtype, device) for b in layout.block]
 
 
-def dct_spatial(x: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
-    """DCT of every chunk of ``x`` (shape ``layout.shape``), coefficients in spatial order.
-
-    Returns ``(g, b)`` for rank <= 1, ``(B, Rp, Cp)`` for rank >= 2. Cost: two matrix products,
-    ``2 * n_coefficients * sum(block)`` flops; a padded copy only when the layout pads.
-    """
+def forward_spatial(x: torch.Tensor, layout: ChunkLayout, *, into_scratch: bool = False) -> torch.Tensor:
+    """:func:`dct_spatial`; with ``into_scratch`` the result lives in scratch slot 1 (internal use)."""
     _check_shape(x, layout.shape, "tensor")
     x = x.to(work_dtype(x.dtype))
     bases = _bases(layout, x.dtype, x.device)
@@ -93,37 +91,55 @@ def dct_spatial(x: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
         v = x.reshape(-1)
         if layout.is_padded:
             v = F.pad(v, (0, g * b - v.numel()))
-        return v.view(g, b) @ bases[0].T
+        out = scratch(1, (g, b), x.dtype, x.device) if into_scratch else None
+        return torch.mm(v.view(g, b), bases[0].T, out=out)
     (gr, _gc), (br, bc) = layout.grid, layout.block
     (r, c), (rp, cp) = layout.core, layout.padded
     x3 = x.reshape(layout.batch, r, c)
     if layout.is_padded:
         x3 = F.pad(x3, (0, cp - c, 0, rp - r))
     # Column transform of every block at once: rows of bc along the last dim, one GEMM.
-    z = (x3.reshape(-1, bc) @ bases[1].T).view(layout.batch * gr, br, cp)
+    z = scratch(0, (layout.batch * rp * cp // bc, bc), x.dtype, x.device)
+    torch.mm(x3.reshape(-1, bc), bases[1].T, out=z)
     # Row transform: D_r @ (br, Cp) slab per block row, one batched GEMM.
-    return torch.matmul(bases[0], z).view(layout.batch, rp, cp)
+    y = scratch(1, (layout.batch * gr, br, cp), x.dtype, x.device) if into_scratch else None
+    return torch.matmul(bases[0], z.view(layout.batch * gr, br, cp), out=y).view(layout.batch, rp, cp)
+
+
+def dct_spatial(x: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
+    """DCT of every chunk of ``x`` (shape ``layout.shape``), coefficients in spatial order.
+
+    Returns ``(g, b)`` for rank <= 1, ``(B, Rp, Cp)`` for rank >= 2. Cost: two matrix products,
+    ``2 * n_coefficients * sum(block)`` flops; a padded copy only when the layout pads.
+
+    Raises:
+        KernelError: ``x`` does not have ``layout.shape`` or is not floating.
+    """
+    with torch.no_grad():
+        return forward_spatial(x, layout)
 
 
 def idct_spatial(y: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
     """Inverse of :func:`dct_spatial`: spatial-order coefficients to a tensor of ``layout.shape``.
 
-    Padding is dropped. Cost: as :func:`dct_spatial`.
+    Padding is dropped. Cost: as :func:`dct_spatial`. ``y`` must not be in scratch slot 0.
     """
-    y = y.to(work_dtype(y.dtype))
-    bases = _bases(layout, y.dtype, y.device)
-    if len(layout.block) == 1:
-        _check_shape(y, (layout.grid[0], layout.block[0]), "coefficients")
-        v = (y @ bases[0]).reshape(-1)
-        return v[: layout.numel].reshape(layout.shape)
-    (gr, _gc), (br, bc) = layout.grid, layout.block
-    (r, c), (rp, cp) = layout.core, layout.padded
-    _check_shape(y, (layout.batch, rp, cp), "coefficients")
-    z = (y.reshape(-1, bc) @ bases[1]).view(layout.batch * gr, br, cp)
-    x3 = torch.matmul(bases[0].T, z).view(layout.batch, rp, cp)
-    if layout.is_padded:
-        x3 = x3[:, :r, :c]
-    return x3.reshape(layout.shape)
+    with torch.no_grad():
+        y = y.to(work_dtype(y.dtype))
+        bases = _bases(layout, y.dtype, y.device)
+        if len(layout.block) == 1:
+            _check_shape(y, (layout.grid[0], layout.block[0]), "coefficients")
+            v = (y @ bases[0]).reshape(-1)
+            return v[: layout.numel].reshape(layout.shape)
+        (gr, _gc), (br, bc) = layout.grid, layout.block
+        (r, c), (rp, cp) = layout.core, layout.padded
+        _check_shape(y, (layout.batch, rp, cp), "coefficients")
+        z = scratch(0, (layout.batch * rp * cp // bc, bc), y.dtype, y.device)
+        torch.mm(y.reshape(-1, bc), bases[1], out=z)
+        x3 = torch.matmul(bases[0].T, z.view(layout.batch * gr, br, cp)).view(layout.batch, rp, cp)
+        if layout.is_padded:
+            x3 = x3[:, :r, :c]
+        return x3.reshape(layout.shape)
 
 
 def _block_view(y: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
@@ -149,17 +165,22 @@ def spatial_from_chunks(c: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
     return blocks.reshape(layout.batch, *layout.padded)
 
 
+@functools.lru_cache(maxsize=256)
+def _index_tables(layout: ChunkLayout, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(base (n_chunks, 1), local (chunk_numel,))``: spatial position = base[n] + local[i]."""
+    n = torch.arange(layout.n_chunks, device=device)
+    i = torch.arange(layout.chunk_numel, device=device)
+    if len(layout.block) == 1:
+        return (n * layout.block[0]).unsqueeze(1), i
+    (_gr, gc), (br, bc) = layout.grid, layout.block
+    base = (n // gc) * (br * gc * bc) + (n % gc) * bc  # n // gc runs over (batch, block row)
+    return base.unsqueeze(1), (i // bc) * (gc * bc) + i % bc
+
+
 def spatial_index(idx: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
     """Flat spatial-order positions of chunk-order indices ``idx`` ``(n_chunks, k)`` (int64)."""
-    if len(layout.block) == 1:
-        b = layout.block[0]
-        return idx + torch.arange(layout.n_chunks, device=idx.device).unsqueeze(1) * b
-    (_gr, gc), (br, bc) = layout.grid, layout.block
-    n = torch.arange(layout.n_chunks, device=idx.device)
-    row_block, col_block = n // gc, n % gc  # row_block runs over (batch, gr) jointly
-    base = row_block * (br * gc * bc) + col_block * bc
-    u, v = idx // bc, idx % bc
-    return base.unsqueeze(1) + u * (gc * bc) + v
+    base, local = _index_tables(layout, idx.device)
+    return base + local[idx]
 
 
 def dct_chunks(x: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
@@ -168,7 +189,9 @@ def dct_chunks(x: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
     Raises:
         KernelError: ``x`` does not have ``layout.shape`` or is not floating.
     """
-    return chunks_from_spatial(dct_spatial(x, layout), layout)
+    with torch.no_grad():
+        y = forward_spatial(x, layout, into_scratch=len(layout.block) > 1)
+        return chunks_from_spatial(y, layout)
 
 
 def idct_chunks(c: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:

@@ -25,6 +25,7 @@ import torch
 
 from distronet.kernels.dct import dct_basis, idct_spatial, spatial_index, work_dtype
 from distronet.kernels.layout import ChunkLayout
+from distronet.kernels.workspace import scratch
 from distronet.protocol.errors import KernelError
 
 __all__ = ["SPARSE_MAX_FRACTION", "Method", "Part", "choose_method", "decode_sum", "scatter_sum"]
@@ -91,26 +92,30 @@ def choose_method(layout: ChunkLayout, total_k: int) -> Literal["dense", "sparse
 
 
 def _dense(layout: ChunkLayout, parts: Sequence[Part], dt: torch.dtype, dev: torch.device) -> torch.Tensor:
-    buf = torch.zeros(layout.n_coefficients, dtype=dt, device=dev)
-    for idx, val in parts:
-        buf.index_add_(0, spatial_index(idx.to(dev), layout).view(-1), val.to(device=dev, dtype=dt).view(-1))
-    if len(layout.block) == 1:
-        return idct_spatial(buf.view(layout.grid[0], layout.block[0]), layout)
-    return idct_spatial(buf.view(layout.batch, *layout.padded), layout)
+    spatial = (layout.grid[0], layout.block[0]) if len(layout.block) == 1 else (layout.batch, *layout.padded)
+    buf = scratch(1, spatial, dt, dev).zero_()
+    if parts:
+        # One scatter for all parts, entries grouped by chunk: each chunk's writes stay local.
+        idx = torch.cat([p[0].to(dev) for p in parts], dim=1)
+        val = torch.cat([p[1].to(device=dev, dtype=dt) for p in parts], dim=1)
+        buf.view(-1).scatter_add_(0, spatial_index(idx, layout).view(-1), val.view(-1))
+    return idct_spatial(buf, layout)
 
 
 def _sparse(layout: ChunkLayout, parts: Sequence[Part], dt: torch.dtype, dev: torch.device) -> torch.Tensor:
     bc = layout.block[-1]
     basis_c = dct_basis(bc, dt, dev)
     # Column inverse, sparsely: row (chunk, u) of T gains val * D_c[v, :] for each (u, v) sent.
-    t = torch.zeros((layout.n_coefficients // bc, bc), dtype=dt, device=dev)
+    t = scratch(1, (layout.n_coefficients // bc, bc), dt, dev).zero_()
     for idx, val in parts:
         idx = idx.to(dev)
-        rows = spatial_index(idx - idx % bc, layout) // bc
-        src = basis_c[idx % bc] * val.to(device=dev, dtype=dt).unsqueeze(-1)
-        t.index_add_(0, rows.view(-1), src.view(-1, bc))
+        rows = spatial_index(idx, layout) // bc  # the spatial row of (chunk, u)
+        src = scratch(2, (idx.numel(), bc), dt, dev)
+        torch.index_select(basis_c, 0, (idx % bc).view(-1), out=src)
+        src.mul_(val.to(device=dev, dtype=dt).reshape(-1, 1))
+        t.index_add_(0, rows.view(-1), src)
     if len(layout.block) == 1:
-        return t.view(-1)[: layout.numel].reshape(layout.shape)
+        return t.view(-1)[: layout.numel].reshape(layout.shape).clone()
     # Row inverse, dense: D_r^T @ (br, Cp) slab per block row.
     (gr, _gc), (br, _bc) = layout.grid, layout.block
     (r, c), (rp, cp) = layout.core, layout.padded
@@ -144,4 +149,5 @@ def decode_sum(
     dt, dev = _result_dtype(parts, dtype), _result_device(parts, device)
     if method == "auto":
         method = choose_method(layout, sum(int(p[0].shape[1]) for p in parts))
-    return (_sparse if method == "sparse" else _dense)(layout, parts, dt, dev)
+    with torch.no_grad():
+        return (_sparse if method == "sparse" else _dense)(layout, parts, dt, dev)

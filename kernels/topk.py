@@ -7,13 +7,19 @@ are the ``k`` largest by ``|c|`` in the chunk (ties broken arbitrarily).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from distronet.kernels.dct import dct_spatial, spatial_index, work_dtype
+from distronet.kernels.dct import forward_spatial, spatial_index, work_dtype
 from distronet.kernels.layout import ChunkLayout
+from distronet.kernels.workspace import scratch
 from distronet.protocol.errors import KernelError
 
-__all__ = ["check_k", "dct_topk", "topk_chunks", "topk_magnitude"]
+__all__ = ["SEGMENTS", "check_k", "dct_topk", "segment_length", "topk_chunks", "topk_magnitude"]
+
+SEGMENTS = (4, 8, 16, 32, 64, 128, 256)
+"""Segment lengths the two-stage selection may use."""
 
 
 def check_k(k: int, chunk_numel: int) -> None:
@@ -33,6 +39,64 @@ def topk_magnitude(a: torch.Tensor, k: int) -> torch.Tensor:
     return idx.sort(dim=1).values
 
 
+def segment_length(bc: int, chunk_numel: int, k: int) -> int | None:
+    """The segment length of the two-stage selection, or None when a plain top-k is as cheap.
+
+    The two stages select among ``chunk_numel / g`` segment maxima, then among ``k * g``
+    candidates; ``g`` (a power of two dividing ``bc``) minimises their sum.
+    """
+    best: tuple[int, int] | None = None
+    for g in SEGMENTS:
+        if bc % g == 0 and chunk_numel // g >= k:
+            cost = chunk_numel // g + k * g
+            if best is None or cost < best[0]:
+                best = (cost, g)
+    return best[1] if best is not None and 2 * best[0] <= chunk_numel else None
+
+
+@functools.lru_cache(maxsize=256)
+def _segment_tables(
+    shape: tuple[int, int, int, int, int], g: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For ``y5.view(-1, g)``: segment number = base[chunk] + local[segment id within the chunk]."""
+    _b, _gr, br, gc, bc = shape
+    nb = bc // g
+    n = torch.arange(_b * _gr * gc, device=device)
+    s = torch.arange(br * nb, device=device)
+    base = ((n // gc) * br * gc + n % gc) * nb
+    return base.unsqueeze(1), (s // nb) * (gc * nb) + s % nb
+
+
+def _two_stage(y5: torch.Tensor, k: int, g: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k of ``|y|`` per chunk of spatial coefficients ``y5`` ``(B, gr, br, gc, bc)`` (contiguous).
+
+    Stage 1 keeps the ``k`` segments (runs of ``g`` along ``bc``) with the largest ``max |y|``;
+    every one of the chunk's ``k`` largest ``|y|`` lies in one of them (a value outside would be
+    <= the k-th segment maximum <= the k-th largest value: only a tie). Stage 2 is a top-k over
+    those ``k * g`` candidates. Costs one pass writing ``|y|`` (into scratch) and one reading it,
+    plus selections over ``chunk_numel / g + k * g`` values per chunk instead of all of them.
+    Within a chunk, segment ``s`` holds coefficient indices ``s * g .. s * g + g - 1``.
+    """
+    b, gr, br, gc, bc = y5.shape
+    nb, n_chunks = bc // g, b * gr * gc
+    mag = scratch(0, tuple(y5.shape), y5.dtype, y5.device)
+    torch.abs(y5, out=mag)
+    smax = mag.view(b, gr, br, gc, nb, g).amax(-1).permute(0, 1, 3, 2, 4).reshape(n_chunks, br * nb)
+    sidx = torch.topk(smax, k, dim=1, sorted=False).indices  # (N, k) segment ids within a chunk
+    base, local = _segment_tables((b, gr, br, gc, bc), g, y5.device)
+    seg_pos = base + local[sidx]  # (N, k) segment numbers in mag.view(-1, g)
+    j = torch.topk(mag.view(-1, g)[seg_pos].view(n_chunks, k * g), k, dim=1, sorted=False).indices
+    jd, jm = j // g, j % g
+    idx, order = (sidx.gather(1, jd) * g + jm).sort(dim=1)
+    pos = (seg_pos.gather(1, jd) * g + jm).gather(1, order)
+    return idx, y5.reshape(-1)[pos]
+
+
+def _select(y5: torch.Tensor, k: int, chunk_numel: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    g = segment_length(y5.shape[-1], chunk_numel, k)
+    return None if g is None else _two_stage(y5, k, g)
+
+
 def topk_chunks(c: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``k`` largest-magnitude coefficients of each chunk of ``c`` ``(n_chunks, chunk_numel)``.
 
@@ -45,26 +109,34 @@ def topk_chunks(c: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         raise KernelError(f"coefficients must be (n_chunks, chunk_numel), got shape {tuple(c.shape)}")
     work_dtype(c.dtype)
     check_k(k, c.shape[1])
-    idx = topk_magnitude(c.abs(), k)
-    return idx, torch.gather(c, 1, idx)
+    with torch.no_grad():
+        c = c.contiguous()
+        fast = _select(c.view(c.shape[0], 1, 1, 1, c.shape[1]), k, c.shape[1])
+        if fast is not None:
+            return fast
+        idx = topk_magnitude(c.abs(), k)
+        return idx, torch.gather(c, 1, idx)
 
 
 def dct_topk(x: torch.Tensor, layout: ChunkLayout, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``topk_chunks(dct_chunks(x, layout), k)`` without materialising chunk-order coefficients.
 
-    The magnitudes are written straight into chunk order (the permute and the ``abs`` share
-    one pass) and the values are gathered from the spatial-order coefficients.
+    The coefficients stay in spatial order (in a scratch buffer); selection reads them there.
 
     Raises:
         KernelError: as :func:`dct_chunks` and :func:`topk_chunks`.
     """
     check_k(k, layout.chunk_numel)
-    y = dct_spatial(x, layout)
-    if len(layout.block) == 1:
-        return topk_chunks(y, k)
-    (gr, gc), (br, bc) = layout.grid, layout.block
-    mag = torch.empty((layout.batch, gr, gc, br, bc), dtype=y.dtype, device=y.device)
-    torch.abs(y.view(layout.batch, gr, br, gc, bc).permute(0, 1, 3, 2, 4), out=mag)
-    idx = topk_magnitude(mag.view(layout.n_chunks, layout.chunk_numel), k)
-    val = y.reshape(-1)[spatial_index(idx, layout)]
-    return idx, val
+    with torch.no_grad():
+        y = forward_spatial(x, layout, into_scratch=True)
+        if len(layout.block) == 1:
+            return topk_chunks(y, k)
+        (gr, gc), (br, bc) = layout.grid, layout.block
+        y5 = y.view(layout.batch, gr, br, gc, bc)
+        fast = _select(y5, k, layout.chunk_numel)
+        if fast is not None:
+            return fast
+        mag = torch.empty((layout.batch, gr, gc, br, bc), dtype=y.dtype, device=y.device)
+        torch.abs(y5.permute(0, 1, 3, 2, 4), out=mag)
+        idx = topk_magnitude(mag.view(layout.n_chunks, layout.chunk_numel), k)
+        return idx, y.reshape(-1)[spatial_index(idx, layout)]

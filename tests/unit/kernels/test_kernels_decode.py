@@ -98,3 +98,25 @@ def test_bad_parts_raise() -> None:
         decode_sum(lay, [good], method="fft")  # type: ignore[arg-type]
     with pytest.raises(KernelError):
         numpy_ref.scatter_sum(lay, [(np.full((4, 2), 99), np.zeros((4, 2)))])
+
+
+@pytest.mark.parametrize("shape", [(300, 300), (70000,), (2, 260, 260)])
+def test_results_do_not_alias_scratch(shape: tuple[int, ...]) -> None:
+    """Kernels keep temporaries in per-thread scratch; what they return must survive later calls."""
+    lay = plan_layout(shape, 64)
+    x = torch.randn(shape, generator=_gen(1))
+    idx, val = dct_topk(x, lay, 4)
+    dense, sparse = (
+        decode_sum(lay, [(idx, val)], method="dense"),
+        decode_sum(lay, [(idx, val)], method="sparse"),
+    )
+    coeffs = dct_chunks(x, lay)
+    saved = [t.clone() for t in (idx, val, dense, sparse, coeffs)]
+    y = torch.randn(shape, generator=_gen(2))
+    parts = [dct_topk(y, lay, 4)]
+    decode_sum(lay, parts, method="dense")
+    decode_sum(lay, parts, method="sparse")
+    dct_chunks(y, lay)
+    for before, now in zip(saved, (idx, val, dense, sparse, coeffs)):
+        assert torch.equal(before, now)
+    torch.testing.assert_close(dense, sparse, atol=1e-5, rtol=0)

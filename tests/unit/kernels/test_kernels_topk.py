@@ -11,21 +11,45 @@ from hypothesis import strategies as st
 from distronet.kernels import numpy_ref
 from distronet.kernels.dct import dct_chunks
 from distronet.kernels.layout import plan_layout
-from distronet.kernels.topk import dct_topk, topk_chunks
+from distronet.kernels.topk import dct_topk, segment_length, topk_chunks
 from distronet.protocol.errors import KernelError
+
+# Up to two batch dims of 1..3, then up to two dims of 1..40: every rank 0..4, kept small.
+SMALL_SHAPES = st.tuples(
+    st.lists(st.integers(1, 3), max_size=2), st.lists(st.integers(1, 40), max_size=2)
+).map(lambda t: tuple(t[0] + t[1]) if t[1] else tuple(t[1]))
+
+
+def _assert_valid_topk(c: torch.Tensor, idx: torch.Tensor, val: torch.Tensor, k: int) -> None:
+    assert idx.dtype == torch.int64 and idx.shape == (c.shape[0], k) and val.shape == (c.shape[0], k)
+    assert bool((idx[:, 1:] > idx[:, :-1]).all())  # sorted ascending, no duplicates
+    torch.testing.assert_close(val, torch.gather(c, 1, idx), atol=0, rtol=0)  # signed values at idx
+    # The k largest magnitudes: the smallest kept |c| is >= every dropped |c|.
+    kept = torch.zeros_like(c, dtype=torch.bool).scatter_(1, idx, True)
+    dropped_max = c.abs().masked_fill(kept, -1).amax(1)
+    assert bool((val.abs().amin(1) >= dropped_max).all())
 
 
 @pytest.mark.parametrize("k", [1, 4, 32, 64])
 def test_topk_contract(k: int) -> None:
     c = torch.randn(50, 64, generator=torch.Generator().manual_seed(k))
-    idx, val = topk_chunks(c, k)
-    assert idx.dtype == torch.int64 and idx.shape == (50, k) and val.shape == (50, k)
-    assert bool((idx[:, 1:] > idx[:, :-1]).all())  # sorted ascending, no duplicates
-    torch.testing.assert_close(val, torch.gather(c, 1, idx))  # signed values at idx
-    # The k largest magnitudes: the smallest kept |c| is >= every dropped |c|.
-    kept = torch.zeros_like(c, dtype=torch.bool).scatter_(1, idx, True)
-    dropped_max = c.abs().masked_fill(kept, -1).amax(1)
-    assert bool((val.abs().amin(1) >= dropped_max).all())
+    _assert_valid_topk(c, *topk_chunks(c, k), k)
+
+
+@pytest.mark.parametrize("k", [1, 4, 32])
+@pytest.mark.parametrize("ties", [False, True])
+def test_two_stage_selection(k: int, ties: bool) -> None:
+    """Chunks of 64 x 64 take the two-stage path; it must stay exact, ties included."""
+    assert segment_length(64, 4096, k) is not None
+    g = torch.Generator().manual_seed(k)
+    x = torch.randn(128, 192, generator=g)
+    c = torch.randint(-3, 4, (12, 4096), generator=g).float() if ties else torch.randn(12, 4096, generator=g)
+    _assert_valid_topk(c, *topk_chunks(c, k), k)
+    lay = plan_layout((128, 192), 64)
+    idx, val = dct_topk(x, lay, k)
+    _assert_valid_topk(dct_chunks(x, lay), idx, val, k)
+    i_np, _ = numpy_ref.topk_chunks(dct_chunks(x, lay).numpy(), k)
+    np.testing.assert_array_equal(idx.numpy(), i_np)
 
 
 def test_topk_matches_numpy() -> None:
@@ -38,7 +62,7 @@ def test_topk_matches_numpy() -> None:
 
 @settings(max_examples=30, deadline=None)
 @given(
-    shape=st.lists(st.integers(1, 40), min_size=0, max_size=4).map(tuple),
+    shape=SMALL_SHAPES,
     chunk=st.integers(2, 16),
     k=st.integers(1, 8),
 )

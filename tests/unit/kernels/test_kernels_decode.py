@@ -117,6 +117,6 @@ def test_results_do_not_alias_scratch(shape: tuple[int, ...]) -> None:
     decode_sum(lay, parts, method="dense")
     decode_sum(lay, parts, method="sparse")
     dct_chunks(y, lay)
-    for before, now in zip(saved, (idx, val, dense, sparse, coeffs)):
+    for before, now in zip(saved, (idx, val, dense, sparse, coeffs), strict=True):
         assert torch.equal(before, now)
     torch.testing.assert_close(dense, sparse, atol=1e-5, rtol=0)

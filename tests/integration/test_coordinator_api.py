@@ -286,3 +286,29 @@ async def test_openapi_metrics_and_health(lc: LocalCoordinator, http: aiohttp.Cl
         text = await r.text()
     assert 'distro_coordinator_requests_total{route="create_run",status="201"} 1.0' in text
     assert 'distro_coordinator_units{run="r1",state="free"} 8.0' in text
+
+
+async def test_a_node_recovers_the_leases_it_holds(lc: LocalCoordinator, http: aiohttp.ClientSession) -> None:
+    await _create(http, lc, spec(shards=3))
+    me = Identity.generate()
+    async with CoordinatorClient(lc.url, "r1", me) as c:
+        await c.join()
+        assert await c.held_leases() == []
+        (lease,) = await c.lease()
+        assert await c.held_leases() == [lease]  # e.g. after a restart that lost the answer
+        await c.complete(lease)
+        assert await c.held_leases() == []
+
+
+def test_client_public_surface() -> None:
+    import distronet.node.coordinator_client as m
+
+    assert sorted(m.__all__) == [
+        "CoordinatorClient", "CoordinatorClientError", "CoordinatorRefused", "CoordinatorUnreachable",
+        "JoinResult", "Lease", "sign_receipt",
+    ]  # fmt: skip
+    public = {n for n in vars(m.CoordinatorClient) if not n.startswith("_")}
+    assert public == {
+        "close", "get_run", "join", "lease", "held_leases", "renew", "leave", "complete", "heartbeat",
+        "submit_receipts", "pending", "flush", "resume",
+    }  # fmt: skip

@@ -7,6 +7,13 @@ Parts (each usable alone; :class:`~distronet.node.swarm.stack.Swarm` starts them
 - ``membership`` :class:`Membership` — expiring, signed DHT records under the run's key.
 - ``pull``       :class:`Puller`, :class:`ContentStore` — payloads by sha256 over direct streams.
 - ``stack``      :class:`Swarm` — the above as one object; ``announce_topic(run_id)``.
+- ``exchange``   :class:`AsyncSwarmExchange` / :class:`SwarmExchange` — the optimizer's ``Exchange``
+                 over the swarm (announce → pull → leader-ranked signed round manifest).
+- ``manifest``   the signed round manifest and ``leader_rank``.
+- ``statesync``  :class:`StateDonor`, :func:`fetch_state` — newcomer state from several donors in
+                 verified, resumable chunks.
+- ``control``    p2pd control framing and a leak-free ``open_stream``.
+- ``selfcheck``  ``python -m distronet.node.swarm.selfcheck``: loopback figures.
 
 p2pd / hivemind quirks learned building this (hivemind 1.1.12, its bundled p2pd):
 
@@ -25,6 +32,9 @@ p2pd / hivemind quirks learned building this (hivemind 1.1.12, its bundled p2pd)
   whenever an identity file and bootstrap peers are given: slow; we turn it off.
 - ``-idleTimeout`` counts from the last persistent control connection: when the Python process
   dies (even by SIGKILL) p2pd exits within about a second, so a crashed node leaves no daemon.
+- ``ControlClient.stream_open`` leaves its control socket open when p2pd refuses the stream
+  (no handler, peer unreachable); the ``StreamWriter.__del__`` that follows is an unraisable
+  error under pytest. ``control.open_stream`` closes it on every failure path.
 - ``P2P.shutdown`` waits on the child with no deadline: we SIGKILL after ``close_timeout_s``.
 - The control client has no pubsub calls; PSRequest SUBSCRIBE answers one ``Response`` and then
   streams varint-delimited ``PSMessage``s on the same connection until it is closed (closing

@@ -63,7 +63,8 @@ def manifest_topic(run_id: str) -> str:
 
 @dataclass(frozen=True)
 class ExchangeConfig:
-    """Round timing (seconds) and bounds. The daemon may adapt ``round_deadline_s`` to step times."""
+    """Round timing (seconds) and bounds. ``round_deadline_s`` is the initial deadline; the daemon
+    adapts it to observed step times with ``AsyncSwarmExchange.round_deadline_s = ...``."""
 
     round_deadline_s: float = 5.0
     manifest_grace_s: float = 0.5
@@ -102,6 +103,7 @@ class AsyncSwarmExchange:
         self.rejected: Counter[RejectCode] = Counter()
         self.skipped_for_budget = 0
         self._inflight_bytes = 0  # announced frames being pulled, reserved against the download budget
+        self.round_deadline_s = config.round_deadline_s  # settable; open rounds see a change at once
 
     @classmethod
     async def create(cls, swarm: Swarm, config: ExchangeConfig | None = None) -> AsyncSwarmExchange:
@@ -203,7 +205,7 @@ class AsyncSwarmExchange:
             self._stats.duplicates_dropped += 1
             return
         state.announced[ann.peer_id] = ann
-        left = state.opened_at + self.config.round_deadline_s - time.monotonic()
+        left = state.opened_at + self.round_deadline_s - time.monotonic()
         if not self.swarm.bandwidth.down.can_afford(self._inflight_bytes + ann.packet_size, left):
             self.skipped_for_budget += 1  # a subset is pulled rather than the budget exceeded
             return
@@ -260,7 +262,7 @@ class AsyncSwarmExchange:
         return await asyncio.shield(state.deciding)
 
     async def _decide(self, step: int, state: _RoundState) -> Round:
-        await asyncio.sleep(max(0.0, state.opened_at + self.config.round_deadline_s - time.monotonic()))
+        await asyncio.sleep(max(0.0, state.opened_at + self.round_deadline_s - time.monotonic()))
         if state.decided is not None:
             return state.decided
         state.frozen = True

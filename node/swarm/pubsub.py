@@ -16,54 +16,16 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from google.protobuf.message import DecodeError, Message
 from hivemind.p2p import PeerID
 from hivemind.proto import p2pd_pb2 as pb
 
-from distronet.node.swarm.errors import GossipError
+from distronet.node.swarm.control import read_delimited, write_delimited
+from distronet.node.swarm.errors import DaemonError, GossipError
 from distronet.node.swarm.p2p import SwarmHost, with_deadline
 
 __all__ = ["MAX_GOSSIP_BYTES", "Gossip", "GossipMessage", "Subscription"]
 
 MAX_GOSSIP_BYTES = 1024
-_MAX_CONTROL_FRAME = 64 * 1024  # a PSMessage envelope around <= 1 KiB of data, or a Response
-_MAX_VARINT_BYTES = 10
-
-
-async def write_delimited(writer: asyncio.StreamWriter, msg: Message) -> None:
-    """Write ``msg`` prefixed by its unsigned-varint length (the p2pd control framing)."""
-    body = msg.SerializeToString()
-    n, head = len(body), bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        head.append(byte | (0x80 if n else 0))
-        if not n:
-            break
-    writer.write(bytes(head) + body)
-    await writer.drain()
-
-
-async def read_delimited(reader: asyncio.StreamReader, msg: Message, limit: int = _MAX_CONTROL_FRAME) -> None:
-    """Read one varint-delimited message into ``msg``; the length is checked before reading.
-
-    Raises: GossipError on a length over ``limit``, a bad varint, or undecodable bytes;
-    asyncio.IncompleteReadError when the connection ends.
-    """
-    size, shift = 0, 0
-    for _ in range(_MAX_VARINT_BYTES):
-        byte = (await reader.readexactly(1))[0]
-        size |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            break
-    else:
-        raise GossipError("control frame length varint too long")
-    if size > limit:
-        raise GossipError(f"control frame of {size} bytes is over the {limit}-byte limit")
-    try:
-        msg.ParseFromString(await reader.readexactly(size))
-    except DecodeError as e:
-        raise GossipError(f"undecodable control frame: {e}") from e
 
 
 @dataclass(frozen=True)
@@ -116,7 +78,7 @@ class Subscription:
                 if sender == self._self_id and not self._include_own:
                     continue
                 self._put(GossipMessage(self.topic, data, sender, bytes(raw.seqno)))
-        except (asyncio.IncompleteReadError, ConnectionError, GossipError):
+        except (asyncio.IncompleteReadError, ConnectionError, DaemonError):
             pass
         finally:
             self._put(None)

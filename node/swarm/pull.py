@@ -24,6 +24,7 @@ from hivemind.p2p import PeerID
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
 from distronet.node.budget import Bandwidth
+from distronet.node.swarm.control import open_stream
 from distronet.node.swarm.errors import PullError, PullTimeout
 from distronet.node.swarm.p2p import SwarmHost, with_deadline
 from distronet.protocol.errors import RejectCode, Rejected
@@ -202,7 +203,8 @@ class Puller:
     async def _fetch(self, peer: PeerID, digest: bytes, max_bytes: int, size: int | None) -> bytes:
         who = peer.to_base58()
         try:
-            _, reader, writer = await self.host.p2p.call_binary_stream_handler(peer, self.protocol)
+            control = self.host.control_maddr["unix"]
+            reader, writer = await open_stream(control, peer, self.protocol, self.host.config.call_timeout_s)
         except Exception as e:
             raise PullError(f"cannot open a pull stream to {who}: {e}") from e
         try:

@@ -1,0 +1,84 @@
+"""p2pd control-socket framing (varint-length-delimited protobuf) and a leak-free stream open.
+
+hivemind's ``ControlClient.stream_open`` leaves its socket open when the daemon refuses the
+stream (peer unreachable, no handler), which surfaces later as an unraisable error from
+``StreamWriter.__del__``; :func:`open_stream` closes it on every failure path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from google.protobuf.message import DecodeError, Message
+from hivemind.p2p import PeerID
+from hivemind.proto import p2pd_pb2 as pb
+
+from distronet.node.swarm.errors import DaemonError
+
+__all__ = ["MAX_CONTROL_FRAME", "open_stream", "read_delimited", "write_delimited"]
+
+MAX_CONTROL_FRAME = 64 * 1024
+_MAX_VARINT_BYTES = 10
+
+
+async def write_delimited(writer: asyncio.StreamWriter, msg: Message) -> None:
+    """Write ``msg`` prefixed by its unsigned-varint length."""
+    body = msg.SerializeToString()
+    n, head = len(body), bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        head.append(byte | (0x80 if n else 0))
+        if not n:
+            break
+    writer.write(bytes(head) + body)
+    await writer.drain()
+
+
+async def read_delimited(reader: asyncio.StreamReader, msg: Message, limit: int = MAX_CONTROL_FRAME) -> None:
+    """Read one varint-delimited message into ``msg``; the length is checked before reading.
+
+    Raises: DaemonError on a length over ``limit``, a bad varint or undecodable bytes;
+    asyncio.IncompleteReadError when the connection ends.
+    """
+    size, shift = 0, 0
+    for _ in range(_MAX_VARINT_BYTES):
+        byte = (await reader.readexactly(1))[0]
+        size |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            break
+    else:
+        raise DaemonError("control frame length varint too long")
+    if size > limit:
+        raise DaemonError(f"control frame of {size} bytes is over the {limit}-byte limit")
+    try:
+        msg.ParseFromString(await reader.readexactly(size))
+    except DecodeError as e:
+        raise DaemonError(f"undecodable control frame: {e}") from e
+
+
+async def open_stream(
+    control_path: str, peer: PeerID, proto: str, timeout: float
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Open a libp2p stream to ``peer`` speaking ``proto`` through the daemon at ``control_path``.
+
+    Raises DaemonError (refused: unreachable peer, no handler) or on ``timeout``; the control
+    socket is closed on every failure.
+    """
+    reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(control_path), timeout)
+    try:
+        req = pb.Request(
+            type=pb.Request.STREAM_OPEN, streamOpen=pb.StreamOpenRequest(peer=peer.to_bytes(), proto=[proto])
+        )
+        await write_delimited(writer, req)
+        resp = pb.Response()
+        await asyncio.wait_for(read_delimited(reader, resp), timeout)
+        if resp.type == pb.Response.ERROR:
+            raise DaemonError(f"p2pd cannot open {proto} to {peer.to_base58()}: {resp.error.msg}")
+    except asyncio.TimeoutError:
+        writer.close()
+        raise DaemonError(f"opening {proto} to {peer.to_base58()} took over {timeout:.1f} s") from None
+    except BaseException:
+        writer.close()
+        raise
+    return reader, writer

@@ -1,0 +1,290 @@
+"""Newcomer state sync: a state blob fetched from several donors in verified chunks, resumably.
+
+A donor ``offer``s a serialised state (parameters + the step they belong to) as fixed-size
+chunks in its own content store, served over their own pull protocol, and answers manifest
+requests on ``STATE_MANIFEST_PROTOCOL`` with a signed :class:`StateManifest` (step, size, sha256
+of the whole blob and of each chunk). A newcomer :func:`fetch_state`\\ s: it asks every candidate
+donor for its manifest, picks the newest step and the root hash most donors agree on, then
+pulls the chunks spread over those donors (at most ``per_donor`` chunks in flight at each, so no
+donor is overloaded), retrying a failed chunk at another donor. Every chunk is hash-checked and,
+with a ``cache_dir``, written there as soon as it verifies, so a restarted fetch resumes.
+
+Manifest wire: request ``b"DNS1"``; response ``u8 status (0 ok, 1 none) | u32 len | msgpack``
+with ``v, run, step, size, sha, chunk, chunks[list of sha256], peer, sig`` (Ed25519 by ``peer``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import struct
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgpack
+from hivemind.p2p import PeerID
+from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
+
+from distronet.node.swarm.control import open_stream
+from distronet.node.swarm.errors import PullError, PullTimeout
+from distronet.node.swarm.pull import ContentStore, Puller
+from distronet.node.swarm.stack import Swarm
+from distronet.protocol.errors import RejectCode, Rejected
+from distronet.protocol.identity import Identity, peer_id_to_b58, verify
+
+__all__ = [
+    "STATE_MANIFEST_PROTOCOL",
+    "STATE_PULL_PROTOCOL",
+    "StateDonor",
+    "StateManifest",
+    "describe",
+    "fetch_state",
+]
+
+STATE_MANIFEST_PROTOCOL = "/distronet/state-manifest/1"
+STATE_PULL_PROTOCOL = "/distronet/state/1"
+_DOMAIN = b"distronet/state/v1\x00"
+MAX_MANIFEST_BYTES = 4 * 2**20
+MAX_CHUNKS = 100_000
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class StateManifest:
+    run_id: str
+    step: int
+    size: int
+    sha256: bytes
+    chunk_bytes: int
+    chunks: tuple[bytes, ...]
+    peer_id: bytes
+    signature: bytes
+
+    @property
+    def root(self) -> tuple[int, bytes]:
+        """What donors must agree on: (step, sha256 of the blob)."""
+        return self.step, self.sha256
+
+    def chunk_size(self, i: int) -> int:
+        return min(self.chunk_bytes, self.size - i * self.chunk_bytes)
+
+
+def _signing_bytes(run: str, step: int, size: int, sha: bytes, chunk: int, chunks: Sequence[bytes]) -> bytes:
+    r = run.encode()
+    return b"".join((_DOMAIN, struct.pack(">B", len(r)), r, struct.pack(">QQ", step, size), sha,
+                     struct.pack(">QI", chunk, len(chunks)), *chunks))  # fmt: skip
+
+
+def _open_manifest(data: bytes, run_id: str, sender: PeerID) -> StateManifest:
+    who = sender.to_base58()
+    try:
+        m = msgpack.unpackb(data, raw=False, max_array_len=MAX_CHUNKS, max_map_len=12, max_bin_len=64)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
+        raise Rejected(RejectCode.MALFORMED, f"state manifest: {e}", peer_id=who) from None
+    keys = {"v", "run", "step", "size", "sha", "chunk", "chunks", "peer", "sig"}
+    if not isinstance(m, dict) or m.keys() != keys or m["v"] != 1:
+        raise Rejected(RejectCode.MALFORMED, "state manifest fields", peer_id=who)
+    ints = [m[k] for k in ("step", "size", "chunk")]
+    if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**63 for x in ints):
+        raise Rejected(RejectCode.MALFORMED, "state manifest numbers", peer_id=who)
+    step, size, chunk = ints
+    chunks = m["chunks"]
+    if chunk < 1 or not isinstance(chunks, list) or len(chunks) != -(-size // chunk) or size < 1:
+        raise Rejected(RejectCode.MALFORMED, "state manifest chunk count", peer_id=who)
+    if not all(isinstance(c, bytes) and len(c) == 32 for c in [*chunks, m["sha"]]):
+        raise Rejected(RejectCode.MALFORMED, "state manifest hashes", peer_id=who)
+    if m["run"] != run_id:
+        raise Rejected(RejectCode.WRONG_RUN, f"state of run {m['run']!r}", peer_id=who)
+    if m["peer"] != sender.to_bytes():
+        raise Rejected(RejectCode.WRONG_PEER, "state manifest signed for another peer", peer_id=who)
+    if not verify(m["peer"], _signing_bytes(run_id, step, size, m["sha"], chunk, chunks), m["sig"]):
+        raise Rejected(RejectCode.BAD_SIGNATURE, "state manifest", peer_id=who)
+    return StateManifest(run_id, step, size, m["sha"], chunk, tuple(chunks), m["peer"], m["sig"])
+
+
+class StateDonor:
+    """Serves this node's latest state to newcomers. Build with :meth:`create`; call :meth:`offer`."""
+
+    def __init__(self, swarm: Swarm, puller: Puller) -> None:
+        self.swarm, self.puller = swarm, puller
+        self._manifest: bytes | None = None
+
+    @classmethod
+    async def create(cls, swarm: Swarm, *, max_bytes: int = 8 * 2**30) -> StateDonor:
+        puller = await Puller.create(
+            swarm.host, ContentStore(max_bytes), swarm.bandwidth, protocol=STATE_PULL_PROTOCOL
+        )
+        self = cls(swarm, puller)
+        await swarm.host.p2p.add_binary_stream_handler(STATE_MANIFEST_PROTOCOL, self._serve_manifest)
+        return self
+
+    def offer(self, step: int, blob: bytes, *, chunk_bytes: int = 4 * 2**20) -> StateManifest:
+        """Replace the offered state with ``blob`` of ``step`` (cost: one sha256 pass)."""
+        if not blob or -(-len(blob) // chunk_bytes) > MAX_CHUNKS:
+            raise ValueError(f"state of {len(blob)} bytes does not fit {MAX_CHUNKS} chunks of {chunk_bytes}")
+        ident: Identity = self.swarm.identity
+        store = self.puller.store
+        store.evict_before(2**63)
+        chunks = [store.put(blob[o : o + chunk_bytes], step) for o in range(0, len(blob), chunk_bytes)]
+        sha = hashlib.sha256(blob).digest()
+        run = self.swarm.run_id
+        sig = ident.sign(_signing_bytes(run, step, len(blob), sha, chunk_bytes, chunks))
+        body = {"v": 1, "run": run, "step": step, "size": len(blob), "sha": sha, "chunk": chunk_bytes,
+                "chunks": chunks, "peer": ident.peer_id, "sig": sig}  # fmt: skip
+        self._manifest = msgpack.packb(body, use_bin_type=True)
+        return StateManifest(run, step, len(blob), sha, chunk_bytes, tuple(chunks), ident.peer_id, sig)
+
+    async def _serve_manifest(
+        self, _i: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        try:
+            if await asyncio.wait_for(reader.readexactly(4), 10.0) == b"DNS1":
+                m = self._manifest
+                writer.write(b"\x01" + bytes(4) if m is None else b"\x00" + struct.pack(">I", len(m)) + m)
+                await asyncio.wait_for(writer.drain(), 30.0)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def close(self) -> None:
+        await self.puller.close()
+        if self.swarm.host.alive:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(
+                    self.swarm.host.p2p.remove_binary_stream_handler(STATE_MANIFEST_PROTOCOL), 5.0
+                )
+
+
+async def _ask_manifest(swarm: Swarm, donor: PeerID, timeout: float) -> StateManifest | None:
+    async def ask() -> StateManifest | None:
+        control = swarm.host.control_maddr["unix"]
+        reader, writer = await open_stream(control, donor, STATE_MANIFEST_PROTOCOL, timeout)
+        try:
+            writer.write(b"DNS1")
+            await writer.drain()
+            status, n = struct.unpack(">BI", await reader.readexactly(5))
+            if status != 0:
+                return None
+            if n > MAX_MANIFEST_BYTES:
+                raise Rejected(
+                    RejectCode.TOO_LARGE, f"state manifest of {n} bytes", peer_id=donor.to_base58()
+                )
+            return _open_manifest(await reader.readexactly(n), swarm.run_id, donor)
+        finally:
+            writer.close()
+
+    try:
+        return await asyncio.wait_for(ask(), timeout)
+    except Exception:  # late, unreachable, no handler, or a bad manifest: not a donor for us
+        return None
+
+
+async def fetch_state(
+    swarm: Swarm,
+    donors: Sequence[PeerID],
+    *,
+    timeout: float = 600.0,
+    per_donor: int = 2,
+    cache_dir: str | os.PathLike[str] | None = None,
+    max_size: int = 16 * 2**30,
+    progress: Progress | None = None,
+) -> tuple[StateManifest, bytes]:
+    """Fetch the newest state the ``donors`` agree on; returns its manifest and the blob.
+
+    Raises: PullError (no donor offers a state, or a chunk no donor could deliver),
+    PullTimeout (``timeout`` passed; verified chunks stay in ``cache_dir`` for a resume).
+    """
+    deadline = time.monotonic() + timeout
+    asked = await asyncio.gather(*(_ask_manifest(swarm, d, min(30.0, timeout)) for d in donors))
+    offers = [m for m in asked if m is not None and m.size <= max_size]
+    if not offers:
+        raise PullError(f"none of {len(donors)} donor(s) offered a state")
+    newest = max(m.step for m in offers)
+    root = Counter(m.root for m in offers if m.step == newest).most_common(1)[0][0]
+    manifest = next(m for m in offers if m.root == root)
+    sources = [PeerID(m.peer_id) for m in offers if m.root == root and m.chunks == manifest.chunks]
+    cache = Path(cache_dir) if cache_dir is not None else None
+    chunks = _load_cached(cache, manifest)
+    done = sum(len(c) for c in chunks.values())
+    if progress:
+        progress(done, manifest.size)
+    puller = Puller(
+        swarm.host, ContentStore(2**62), swarm.bandwidth, serve_timeout_s=0, protocol=STATE_PULL_PROTOCOL
+    )
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(len(manifest.chunks)):
+        if i not in chunks:
+            queue.put_nowait(i)
+    failures: Counter[int] = Counter()
+
+    async def worker(slot: int) -> None:
+        nonlocal done
+        while not queue.empty():
+            i = queue.get_nowait()
+            order = sources[slot % len(sources) :] + sources[: slot % len(sources)]
+            donor = order[failures[i] % len(order)]
+            try:
+                n, left = manifest.chunk_size(i), max(0.1, deadline - time.monotonic())
+                data = await puller.fetch(donor, manifest.chunks[i], max_bytes=n, size=n, timeout=left)
+            except (PullError, Rejected) as e:
+                failures[i] += 1
+                if isinstance(e, PullTimeout):
+                    raise
+                if failures[i] >= 2 * len(sources):
+                    raise PullError(f"state chunk {i} could not be fetched: {e}") from e
+                queue.put_nowait(i)
+                continue
+            puller.store.evict_before(2**63)  # chunks live in `chunks` (and on disk), not in the store
+            chunks[i] = data
+            _save_cached(cache, manifest.chunks[i], data)
+            done += len(data)
+            if progress:
+                progress(done, manifest.size)
+
+    tasks = [asyncio.ensure_future(worker(s)) for s in range(per_donor * len(sources))]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+    blob = b"".join(chunks[i] for i in range(len(manifest.chunks)))
+    if hashlib.sha256(blob).digest() != manifest.sha256:
+        raise Rejected(RejectCode.MALFORMED, "state sha256 differs from the manifest")
+    return manifest, blob
+
+
+def _load_cached(cache: Path | None, manifest: StateManifest) -> dict[int, bytes]:
+    out: dict[int, bytes] = {}
+    if cache is None:
+        return out
+    for i, sha in enumerate(manifest.chunks):
+        path = cache / sha.hex()
+        with contextlib.suppress(OSError):
+            if path.stat().st_size == manifest.chunk_size(i):
+                data = path.read_bytes()
+                if hashlib.sha256(data).digest() == sha:
+                    out[i] = data
+    return out
+
+
+def _save_cached(cache: Path | None, sha: bytes, data: bytes) -> None:
+    if cache is None:
+        return
+    cache.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=cache, prefix=".part-")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, cache / sha.hex())
+
+
+def describe(manifest: StateManifest) -> str:
+    """One line for logs: step, size, chunk count and signer."""
+    who = peer_id_to_b58(manifest.peer_id)
+    return f"state step {manifest.step}: {manifest.size} bytes in {len(manifest.chunks)} chunks from {who}"

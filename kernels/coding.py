@@ -74,7 +74,7 @@ def encode_tensor(
     val = np.asarray(val, dtype=np.float32)
     sidx, order = _canonical(idx, val, chunk_numel)
     sval = val if order is None else np.take_along_axis(val, order, axis=1)
-    section, wire = encode_indices(sidx, chunk_numel, index_coding)
+    code, wire = encode_indices(sidx, chunk_numel, index_coding)
     if wire is None:
         coded, deq_sorted = quantise(sval, value_coding)
     else:
@@ -87,5 +87,5 @@ def encode_tensor(
         deq = np.empty_like(deq_sorted)
         np.put_along_axis(deq, order, deq_sorted, axis=1)
     n, k = sidx.shape
-    enc = EncodedTensor(tensor_id, value_coding, index_coding, n, k, chunk_numel, section, coded)
+    enc = EncodedTensor(tensor_id, value_coding, index_coding, n, k, chunk_numel, code, coded)
     return enc, deq

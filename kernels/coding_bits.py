@@ -137,7 +137,7 @@ class BitReader:
 
     def __init__(self, data: bytes, what: str) -> None:
         self.nbits = 8 * len(data)
-        self.buf = np.frombuffer(data + bytes(4), dtype=np.uint8).astype(np.int64)
+        self.buf = np.frombuffer(bytes(data) + bytes(4), dtype=np.uint8)
         self.pos = 0
         self.what = what
 
@@ -148,7 +148,12 @@ class BitReader:
     def _gather(self, start: np.ndarray, w: np.ndarray) -> np.ndarray:
         at = start >> 3
         b = self.buf
-        word = (b[at] << 24) | (b[at + 1] << 16) | (b[at + 2] << 8) | b[at + 3]
+        word = (
+            (b[at].astype(np.int64) << 24)
+            | (b[at + 1].astype(np.int64) << 16)
+            | (b[at + 2].astype(np.int64) << 8)
+            | b[at + 3]
+        )
         out: np.ndarray = (word >> (32 - (start & 7) - w)) & ((np.int64(1) << w) - 1)
         return out
 
@@ -175,7 +180,7 @@ class BitReader:
             return np.zeros(0, dtype=np.int64)
         end = min(self.nbits, self.pos + count * (max_value + 1))
         first, last = self.pos >> 3, (end + 7) >> 3
-        bits = np.unpackbits(self.buf[first:last].astype(np.uint8))[self.pos - 8 * first : end - 8 * first]
+        bits = np.unpackbits(self.buf[first:last])[self.pos - 8 * first : end - 8 * first]
         zeros = np.flatnonzero(bits == 0)
         if zeros.size and np.diff(zeros[:count], prepend=-1).max() > max_value + 1:
             raise Rejected(RejectCode.MALFORMED, f"{self.what}: unary code over {max_value}")
@@ -187,6 +192,22 @@ class BitReader:
         self.pos += int(ends[-1]) + 1
         out: np.ndarray = np.diff(ends, prepend=-1) - 1
         return out
+
+    def flags(self, count: int) -> np.ndarray:
+        """``count`` single bits as a uint8 array (one C unpack, not a gather)."""
+        self._need(count)
+        first, end = self.pos >> 3, self.pos + count
+        out: np.ndarray = np.unpackbits(self.buf[first : (end + 7) >> 3])[
+            self.pos - 8 * first : end - 8 * first
+        ]
+        self.pos = end
+        return out
+
+    def limit(self, nbytes: int) -> None:
+        """Shrink the readable stream to its first ``nbytes`` bytes (TRUNCATED if already past)."""
+        if 8 * nbytes < self.pos:
+            raise Rejected(RejectCode.TRUNCATED, f"{self.what}: {nbytes} bytes left for {self.pos} bits read")
+        self.nbits = 8 * nbytes
 
     def finish(self) -> None:
         """MALFORMED unless exactly the bytes needed were given and the padding bits are zero."""

@@ -1,10 +1,10 @@
 """Value coding for transmitted DCT coefficients (pure numpy): fp32, fp16, bf16, int8, 1-bit sign.
 
 INT8 and SIGN1 carry one scale per chunk as a log-scale code ``q`` (scale = 2**(q/8), exact
-float32 via an 8-entry table and ldexp); codes are sent per tensor as a signed base plus
-fixed-width offsets, so a typical tensor spends 4-6 bits per chunk on its scales. The exact
-formulas are in docs/protocol-payload.md; ``quantise`` returns the values exactly as
-``dequantise`` rebuilds them, bit for bit.
+float32 via an 8-entry table and ldexp); the payload sends the codes of all chunks as deltas
+with the adaptive bucket code, typically 2-4 bits per chunk. The exact formulas are in
+docs/protocol-payload.md; ``quantise`` returns the values exactly as ``dequantise`` rebuilds
+them, bit for bit.
 """
 
 from __future__ import annotations
@@ -14,20 +14,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from distronet.kernels.coding_bits import BitReader, pack_fields
 from distronet.protocol.errors import KernelError, RejectCode, Rejected
 
 __all__ = [
-    "MAX_SCALE_WIDTH",
     "Q_MAX",
     "Q_MIN",
     "SCALE_TABLE",
+    "ZERO_SCALE",
     "CodedValues",
     "ValueCoding",
-    "decode_scales",
     "dequantise",
     "quantise",
     "scale_from_code",
+    "scales_from_codes",
     "value_section_len",
 ]
 
@@ -45,6 +44,16 @@ class ValueCoding(enum.IntEnum):
     def has_scale(self) -> bool:
         return self in (ValueCoding.INT8, ValueCoding.SIGN1)
 
+    @property
+    def scale_step(self) -> int:
+        """q = c * scale_step for a scale code c (SIGN1 scales move in half octaves)."""
+        return 4 if self == ValueCoding.SIGN1 else 1
+
+    def code_range(self) -> tuple[int, int]:
+        """Smallest and largest valid scale code c: q = c * step must lie in [Q_MIN, Q_MAX]."""
+        step = self.scale_step
+        return -(-Q_MIN // step), Q_MAX // step
+
 
 #: float32(2**(r/8)) for r = 0..7, as IEEE-754 bit patterns (the spec lists the same hex).
 SCALE_TABLE = np.array(
@@ -54,26 +63,27 @@ SCALE_TABLE = np.array(
 #: Scale codes must lie in [Q_MIN, Q_MAX]: scales from 2**-126 (smallest normal) to 2**127.875.
 Q_MIN = -1008
 Q_MAX = 1023
-#: Widest scale-offset field: offsets run from 1 to Q_MAX - Q_MIN + 1 = 2032 (< 2**11).
-MAX_SCALE_WIDTH = 11
+#: A chunk's scale code c gives q = c * step (step 1 for INT8, 4 for SIGN1, whose one-bit values
+#: need no finer scale); ZERO_SCALE marks a chunk whose scale is 0.0.
+ZERO_SCALE = -(1 << 30)
 _FP16_MAX = 65504.0
 _BF16_MAX_BITS = 0x7F7F
 
 
 @dataclass(frozen=True)
 class CodedValues:
-    """One tensor's coded values: ``values`` bytes, and for INT8/SIGN1 the scale code fields."""
+    """One tensor's coded values: little-endian ``data`` (float and INT8 codings), or ``signs``
+    (bool, n*k, SIGN1); ``scale_codes`` int64 (n,) for INT8 and SIGN1 (ZERO_SCALE: scale 0)."""
 
-    values: bytes
-    scale_base: int = 0
-    scale_width: int = 0
-    scales: bytes = b""
+    data: bytes = b""
+    signs: np.ndarray | None = None
+    scale_codes: np.ndarray | None = None
 
 
 def value_section_len(coding: ValueCoding, count: int) -> int:
-    """Byte length of the value section for ``count`` coefficients (fixed by coding and count)."""
-    per = {ValueCoding.FP32: 32, ValueCoding.FP16: 16, ValueCoding.BF16: 16, ValueCoding.INT8: 8}
-    return (count * per.get(coding, 1) + 7) // 8
+    """Bytes of the byte-stream values for ``count`` coefficients (0 for SIGN1: its bits travel apart)."""
+    per = {ValueCoding.FP32: 4, ValueCoding.FP16: 2, ValueCoding.BF16: 2, ValueCoding.INT8: 1}
+    return count * per.get(coding, 0)
 
 
 def scale_from_code(q: np.ndarray) -> np.ndarray:
@@ -82,20 +92,31 @@ def scale_from_code(q: np.ndarray) -> np.ndarray:
     return out
 
 
+def scales_from_codes(c: np.ndarray, coding: ValueCoding) -> np.ndarray:
+    """float32 scales of codes ``c`` (ZERO_SCALE -> 0.0); the caller has checked their range."""
+    nonzero = c != ZERO_SCALE
+    q = np.where(nonzero, c * coding.scale_step, 0)
+    out: np.ndarray = np.where(nonzero, scale_from_code(q), np.float32(0)).astype(np.float32)
+    return out
+
+
 def _scale_codes(val: np.ndarray, coding: ValueCoding) -> np.ndarray:
-    """Per-chunk code q, or Q_MIN - 1 for a chunk whose scale is zero."""
+    """Per-chunk scale code c (or ZERO_SCALE): SIGN1 from mean |v|, INT8 from max |v| / 127."""
     mag = np.abs(val.astype(np.float64))
+    step = coding.scale_step
+    lo, hi = coding.code_range()
     if coding == ValueCoding.SIGN1:
         s = mag.mean(axis=1)  # the L2-optimal magnitude for sign * s
         with np.errstate(divide="ignore"):
-            q = np.rint(8.0 * np.log2(s))
+            c = np.rint(8.0 * np.log2(s) / step)
     else:
         s = mag.max(axis=1) / 127.0
         with np.errstate(divide="ignore"):
-            q = np.ceil(8.0 * np.log2(s))
+            c = np.ceil(8.0 * np.log2(s) / step)
     zero = s < 2.0**-126
-    q = np.clip(np.where(zero, Q_MIN, q), Q_MIN, Q_MAX).astype(np.int64)
-    return np.where(zero, Q_MIN - 1, q)
+    c = np.clip(np.where(zero, lo, c), lo, hi).astype(np.int64)
+    out: np.ndarray = np.where(zero, ZERO_SCALE, c)
+    return out
 
 
 def quantise(val: np.ndarray, coding: ValueCoding) -> tuple[CodedValues, np.ndarray]:
@@ -119,46 +140,24 @@ def quantise(val: np.ndarray, coding: ValueCoding) -> tuple[CodedValues, np.ndar
         overflow = (b & 0x7F80) == 0x7F80
         b = np.where(overflow, (b & 0x8000) | _BF16_MAX_BITS, b).astype("<u2")
         return CodedValues(b.tobytes()), (b.astype(np.uint32) << 16).view(np.float32)
-    q = _scale_codes(v, coding)
-    nonzero = q >= Q_MIN
-    base = int(q[nonzero].min()) if nonzero.any() else 0
-    z = np.where(nonzero, q - base + 1, 0)
-    width = int(z.max()).bit_length() if z.size else 0
-    scale = np.where(nonzero, scale_from_code(np.where(nonzero, q, 0)), np.float32(0)).astype(np.float32)
-    scales = pack_fields(z, width)
+    codes = _scale_codes(v, coding)
+    scale = scales_from_codes(codes, coding)
     if coding == ValueCoding.SIGN1:
         neg = v < 0
         deq = np.where(neg, -scale[:, None], scale[:, None]).astype(np.float32)
-        return CodedValues(np.packbits(neg.reshape(-1)).tobytes(), base, width, scales), deq
+        return CodedValues(signs=neg.reshape(-1), scale_codes=codes), deq
     safe = np.where(scale > 0, scale, np.float32(1))[:, None]
     ints = np.clip(np.rint(v / safe), -127, 127).astype(np.int8)
     deq = (ints.astype(np.float32) * scale[:, None]).astype(np.float32)
-    return CodedValues(ints.tobytes(), base, width, scales), deq
-
-
-def decode_scales(scales: bytes, n_chunks: int, base: int, width: int) -> np.ndarray:
-    """float32 (n_chunks,) scales from their wire fields. Rejects codes outside [Q_MIN, Q_MAX]."""
-    if width > MAX_SCALE_WIDTH:
-        raise Rejected(RejectCode.MALFORMED, f"scale width {width} > {MAX_SCALE_WIDTH}")
-    reader = BitReader(scales, "scale section")
-    z = reader.fields(n_chunks, width)
-    reader.finish()
-    q = base + z - 1
-    nonzero = z > 0
-    if ((q < Q_MIN) | (q > Q_MAX))[nonzero].any():
-        raise Rejected(RejectCode.NON_FINITE_VALUE, "a scale code is outside the finite normal range")
-    out: np.ndarray = np.where(nonzero, scale_from_code(np.where(nonzero, q, 0)), np.float32(0))
-    return out.astype(np.float32)
+    return CodedValues(ints.tobytes(), scale_codes=codes), deq
 
 
 def dequantise(coded: CodedValues, coding: ValueCoding, n_chunks: int, k: int) -> np.ndarray:
-    """float32 (n_chunks, k) values from their wire form; the caller has checked section lengths.
+    """float32 (n_chunks, k) values from their wire form (lengths and scale codes already checked).
 
-    Raises Rejected(NON_FINITE_VALUE) for NaN/Inf values or out-of-range scales, MALFORMED for
-    non-zero padding bits.
+    Raises Rejected(NON_FINITE_VALUE) for NaN/Inf values, including INT8 products that overflow.
     """
-    count = n_chunks * k
-    raw = coded.values
+    raw = coded.data
     if coding == ValueCoding.FP32:
         out = np.frombuffer(raw, dtype="<f4").astype(np.float32)
     elif coding == ValueCoding.FP16:
@@ -166,13 +165,11 @@ def dequantise(coded: CodedValues, coding: ValueCoding, n_chunks: int, k: int) -
     elif coding == ValueCoding.BF16:
         out = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
     else:
-        scale = decode_scales(coded.scales, n_chunks, coded.scale_base, coded.scale_width)[:, None]
+        assert coded.scale_codes is not None
+        scale = scales_from_codes(coded.scale_codes, coding)[:, None]
         if coding == ValueCoding.SIGN1:
-            bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8))
-            if bits[count:].any():
-                raise Rejected(RejectCode.MALFORMED, "sign section: non-zero padding bits")
-            neg = bits[:count].reshape(n_chunks, k).astype(bool)
-            out = np.where(neg, -scale, scale).astype(np.float32)
+            assert coded.signs is not None
+            out = np.where(coded.signs.reshape(n_chunks, k), -scale, scale).astype(np.float32)
         else:
             ints = np.frombuffer(raw, dtype=np.int8).reshape(n_chunks, k)
             with np.errstate(over="ignore"):  # an overflow to inf is rejected just below

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from distronet.kernels.coding import IndexCoding, ValueCoding, decode_payload, encode_payload, encode_tensor
-from distronet.kernels.coding_bits import varint, zigzag
+from distronet.kernels.coding_bits import pack_bits, varint
 from distronet.protocol.errors import RejectCode, Rejected
 from distronet.protocol.limits import DEFAULT_LIMITS
 
@@ -35,59 +35,61 @@ def _code(data: bytes, layouts: list[tuple[int, int]] = LAYOUTS, **kw: int) -> R
     return info.value.code
 
 
-def _fixed_tensor(tid_delta: int, k: int, idx: list[int], width: int) -> bytes:
-    """A hand-built FP32/FIXED tensor: indices packed MSB-first, values all 1.0."""
-    bits = "".join(format(i, f"0{width}b") for i in idx)
-    bits += "0" * (-len(bits) % 8)
-    packed = int(bits, 2).to_bytes(len(bits) // 8, "big") if bits else b""
-    return varint(tid_delta) + bytes([0x11]) + varint(k) + packed + np.ones(len(idx), "<f4").tobytes()
+def _bits(*fields: tuple[int, int]) -> bytes:
+    """(width, value) fields packed MSB-first."""
+    return pack_bits(np.array([v for _, v in fields]), np.array([w for w, _ in fields]))
 
 
-def _head(count: int) -> bytes:
-    return bytes([1]) + varint(count)
+def _head(count: int, codings: int, k: int) -> bytes:
+    """version 1, ``count`` tensors, one class (codings, k)."""
+    return bytes([1]) + varint(count) + bytes([1, codings]) + varint(k)
 
 
-def _tensor(vc: int, ic: int, k: int, tid_delta: int = 0) -> bytes:
-    """The start of a tensor: id delta, codings byte, k."""
-    return varint(tid_delta) + bytes([vc << 4 | ic]) + varint(k)
+def _fixed_fp32(idx: list[int], width: int, values: list[float], tid: int = 0) -> bytes:
+    """One FP32/FIXED tensor of one chunk, built by hand."""
+    bits = _bits((tid + 1, (1 << (tid + 1)) - 2), *[(width, i) for i in idx])
+    return _head(1, 0x11, len(idx)) + bits + np.array(values, "<f4").tobytes()
 
 
 def test_hand_built_payload_decodes() -> None:
-    data = _head(1) + _fixed_tensor(1, 2, [0, 63], 6)
-    (t,) = decode_payload(data, [(5, 4096), (1, 64)])
+    (t,) = decode_payload(_fixed_fp32([0, 63], 6, [1.0, 1.0], tid=1), [(5, 4096), (1, 64)])
     assert t.tensor_id == 1 and t.idx.tolist() == [[0, 63]] and t.val.tolist() == [[1.0, 1.0]]
 
 
 def test_index_out_of_range() -> None:
     # chunk of 49 positions needs 6 bits; 60 fits in the field but is outside the chunk
-    assert _code(_head(1) + _fixed_tensor(0, 2, [3, 60], 6), [(1, 49)]) == RejectCode.INDEX_OUT_OF_RANGE
+    assert _code(_fixed_fp32([3, 60], 6, [1, 1]), [(1, 49)]) == RejectCode.INDEX_OUT_OF_RANGE
 
 
 def test_duplicate_and_unsorted_index() -> None:
-    assert _code(_head(1) + _fixed_tensor(0, 3, [3, 9, 9], 6), [(1, 64)]) == RejectCode.DUPLICATE_INDEX
-    assert _code(_head(1) + _fixed_tensor(0, 3, [9, 3, 9], 6), [(1, 64)]) == RejectCode.DUPLICATE_INDEX
-    assert _code(_head(1) + _fixed_tensor(0, 3, [9, 3, 10], 6), [(1, 64)]) == RejectCode.MALFORMED
+    assert _code(_fixed_fp32([3, 9, 9], 6, [1, 1, 1]), [(1, 64)]) == RejectCode.DUPLICATE_INDEX
+    assert _code(_fixed_fp32([9, 3, 9], 6, [1, 1, 1]), [(1, 64)]) == RejectCode.DUPLICATE_INDEX
+    assert _code(_fixed_fp32([9, 3, 10], 6, [1, 1, 1]), [(1, 64)]) == RejectCode.MALFORMED
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_non_finite_value(bad: float) -> None:
-    body = bytearray(_head(1) + _fixed_tensor(0, 2, [0, 1], 6))
-    body[-4:] = np.array([bad], "<f4").tobytes()
-    assert _code(bytes(body), [(1, 64)]) == RejectCode.NON_FINITE_VALUE
-    h = bytearray(_head(1) + _tensor(2, 1, 1) + bytes([0]))
-    h += np.array([bad], "<f2").tobytes()
-    assert _code(bytes(h), [(1, 64)]) == RejectCode.NON_FINITE_VALUE
+    assert _code(_fixed_fp32([0, 1], 6, [1.0, bad]), [(1, 64)]) == RejectCode.NON_FINITE_VALUE
+    fp16 = _head(1, 0x21, 1) + _bits((1, 0), (6, 5)) + np.array([bad], "<f2").tobytes()
+    assert _code(fp16, [(1, 64)]) == RejectCode.NON_FINITE_VALUE
 
 
-def test_non_finite_scale() -> None:
-    # SIGN1, one chunk, k=1 (fixed, 6 bits), scale code base 1024 (> Q_MAX) with width 1, z=1
-    word = varint(zigzag(1024) << 4 | 1)
-    data = _head(1) + _tensor(5, 1, 1) + word + bytes([0]) + bytes([0x80]) + bytes([0])
-    assert _code(data, [(1, 64)]) == RejectCode.NON_FINITE_VALUE
-    # an INT8 value 127 times the largest scale overflows float32
-    word = varint(zigzag(1023) << 4 | 1)
-    data = _head(1) + _tensor(4, 1, 1) + word + bytes([0]) + bytes([0x80]) + bytes([127])
-    assert _code(data, [(1, 64)]) == RejectCode.NON_FINITE_VALUE
+def _scaled(codings: int, delta: int, value: bytes) -> bytes:
+    """One chunk, k=1, index 0, scale code ``delta`` away from 0 (b0 = its bucket, w = 0)."""
+    sym = 2 * delta + 1 if delta >= 0 else -2 * delta  # zigzag(delta) + 1
+    b = sym.bit_length()
+    sign = [(1, 0)] if codings >> 4 == 5 else []
+    bits = _bits((1, 0), (4, b), (3, 0), (6, 0), (1, 0), (b - 1, sym - (1 << (b - 1))), *sign)
+    return _head(1, codings, 1) + bits + value
+
+
+def test_scales() -> None:
+    assert decode_payload(_scaled(0x51, -3, b""), [(1, 64)])[0].val[0, 0] == np.float32(2.0**-1.5)
+    assert _code(_scaled(0x51, 256, b""), [(1, 64)]) == RejectCode.NON_FINITE_VALUE  # 2**128
+    assert _code(_scaled(0x51, -253, b""), [(1, 64)]) == RejectCode.NON_FINITE_VALUE  # 2**-126.5
+    assert decode_payload(_scaled(0x41, 1023, bytes([1])), [(1, 64)])[0].val[0, 0] == np.float32(2.0**127.875)
+    # the same scale times 127 overflows float32
+    assert _code(_scaled(0x41, 1023, bytes([127])), [(1, 64)]) == RejectCode.NON_FINITE_VALUE
 
 
 def test_declared_sizes_over_limits() -> None:
@@ -95,17 +97,19 @@ def test_declared_sizes_over_limits() -> None:
     assert _code(good, max_payload_bytes=len(good) - 1) == RejectCode.TOO_LARGE
     assert _code(good, max_k=4) == RejectCode.LIMIT_EXCEEDED
     assert _code(good, max_total_coefficients=10) == RejectCode.LIMIT_EXCEEDED
-    assert _code(_head(4) + good[2:]) == RejectCode.LIMIT_EXCEEDED  # more tensors than the layout
-    assert _code(_head(1) + _tensor(1, 1, 4097)) == RejectCode.LIMIT_EXCEEDED  # k > chunk
-    assert _code(_head(1) + _tensor(1, 1, 0)) == RejectCode.MALFORMED  # k = 0
-    assert _code(_head(1) + _tensor(1, 1, 1, tid_delta=7)) == RejectCode.LAYOUT_MISMATCH  # unknown id
-    assert _code(_head(1) + _tensor(5, 2, 4) + varint(1 << 30)) == RejectCode.TOO_LARGE  # index bytes
-    assert _code(_head(1) + b"\xff\xff\xff\xff\xff\xff") == RejectCode.MALFORMED  # overlong varint
-    assert _code(_head(1) + b"\x80\x00" + varint(1)) == RejectCode.MALFORMED  # non-minimal varint
-    assert _code(bytes([2, 0])) == RejectCode.UNSUPPORTED_VERSION
-    assert _code(_head(1) + _tensor(9, 1, 1)) == RejectCode.MALFORMED  # unknown value coding
-    assert _code(_head(1) + _tensor(1, 3, 1)) == RejectCode.MALFORMED  # unknown index coding
+    assert _code(bytes([1, 4]) + good[2:]) == RejectCode.LIMIT_EXCEEDED  # more tensors than the layout
+    assert _code(_head(1, 0x11, 4097) + _bits((1, 0))) == RejectCode.LIMIT_EXCEEDED  # k > chunk
+    assert _code(_head(1, 0x11, 4) + _bits((4, 0b1110))) == RejectCode.LAYOUT_MISMATCH  # tensor id 3
+    assert _code(_head(1, 0x11, 4) + _bits((5, 0b11110))) == RejectCode.MALFORMED  # id delta > layout
+    assert _code(bytes([1, 1, 16])) == RejectCode.MALFORMED  # 16 classes
+    assert _code(bytes([1, 1, 0])) == RejectCode.MALFORMED  # a tensor and no class
+    assert _code(bytes([1, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF])) == RejectCode.MALFORMED  # overlong varint
+    assert _code(bytes([1, 0x80, 0x00])) == RejectCode.MALFORMED  # non-minimal varint
+    assert _code(bytes([2, 0, 0])) == RejectCode.UNSUPPORTED_VERSION
+    assert _code(_head(1, 0x91, 1)) == RejectCode.MALFORMED  # unknown value coding
+    assert _code(_head(1, 0x13, 1)) == RejectCode.MALFORMED  # unknown index coding
     assert _code(good + b"\x00") == RejectCode.MALFORMED  # trailing bytes
+    assert _code(_head(1, 0x11, 2) + _bits((1, 0))) == RejectCode.TRUNCATED  # values missing
 
 
 @pytest.mark.parametrize("vc", list(ValueCoding))
@@ -139,7 +143,7 @@ GOOD = [_payload(vc, ic, seed) for vc in ValueCoding for ic in IndexCoding for s
 @given(st.binary(max_size=300))
 def test_fuzz_random_bytes(data: bytes) -> None:
     _decode_or_reject(data)
-    _decode_or_reject(bytes([1, 1, 0, 0x52]) + data)
+    _decode_or_reject(_head(1, 0x52, 4) + data)
 
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -12,8 +12,10 @@ A round's life at one replica (step ``t``):
    (the (peer, sha256, size) it holds, itself included) after ``r * manifest_grace_s`` unless a
    better-ranked manifest has already arrived.
 4. Every replica adopts the best-ranked valid manifest it receives (at once if it comes from the
-   top-ranked producer it knows, else the best one by ``manifest_wait_s``), pulls any frame it
-   lacks from the producer, the leader or another listed peer, and returns the ``Round``.
+   top-ranked producer it knows; else, by ``manifest_wait_s``, it first asks better-ranked
+   producers for their manifest directly over ``MANIFEST_PULL_PROTOCOL`` — gossip may have lost
+   it — then takes the best one), pulls any frame it lacks from the producer, the leader or
+   another listed peer, and returns the ``Round``.
 
 Replicas that saw the same manifests apply byte-identical accepted sets; one that missed the
 leader's manifest can diverge, which the daemon's periodic parameter-hash check catches.
@@ -27,6 +29,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import struct
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
@@ -43,18 +46,30 @@ from distronet.node.exchange.base import (
     Round,
     RoundUnavailable,
 )
+from distronet.node.swarm.control import open_stream
 from distronet.node.swarm.errors import PullError, SwarmError
 from distronet.node.swarm.manifest import Entry, RoundManifest, leader_rank, open_manifest, seal_manifest
+from distronet.node.swarm.p2p import with_deadline
 from distronet.node.swarm.pubsub import Gossip, Subscription
 from distronet.node.swarm.stack import Swarm
 from distronet.protocol.announce import Announcement, open_announcement, seal_announcement
 from distronet.protocol.errors import RejectCode, Rejected
 from distronet.protocol.limits import DEFAULT_LIMITS, Limits
 
-__all__ = ["AsyncSwarmExchange", "ExchangeConfig", "SwarmExchange", "manifest_topic"]
+__all__ = [
+    "MANIFEST_PULL_PROTOCOL",
+    "AsyncSwarmExchange",
+    "ExchangeConfig",
+    "SwarmExchange",
+    "manifest_topic",
+]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+MANIFEST_PULL_PROTOCOL = "/distronet/manifest/1"
+_MAX_MANIFEST_BYTES = 64 * 1024
 
 
 def manifest_topic(run_id: str) -> str:
@@ -85,6 +100,7 @@ class _RoundState:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     frozen: bool = False
     deciding: asyncio.Task[Round] | None = None
+    sealed: bytes | None = None  # the manifest we signed for this step, served on request
     decided: Round | None = None
 
 
@@ -114,8 +130,13 @@ class AsyncSwarmExchange:
             await swarm.gossip.subscribe(swarm.topic),
             await self._manifest_gossip.subscribe(manifest_topic(swarm.run_id)),
         ]
-        self._spawn(self._listen(self._subs[0], self._on_announcement))
-        self._spawn(self._listen(self._subs[1], self._on_manifest))
+        await with_deadline(
+            swarm.host.p2p.add_binary_stream_handler(MANIFEST_PULL_PROTOCOL, self._serve_manifest),
+            swarm.host.config.call_timeout_s,
+            "register manifest handler",
+        )
+        self._spawn(self._listen(self._subs[0], "_on_announcement"))
+        self._spawn(self._listen(self._subs[1], "_on_manifest"))
         return self
 
     @property
@@ -182,8 +203,9 @@ class AsyncSwarmExchange:
         except SwarmError as e:
             log.warning("gossip publish on %s failed: %s", topic, e)
 
-    async def _listen(self, sub: Subscription, handle: Callable[[bytes, bytes], None]) -> None:
+    async def _listen(self, sub: Subscription, handler: str) -> None:
         async for msg in sub:
+            handle: Callable[[bytes, bytes], None] = getattr(self, handler)  # looked up per message
             try:
                 handle(msg.data, msg.sender.to_bytes())
             except Rejected as e:
@@ -232,6 +254,10 @@ class AsyncSwarmExchange:
             state.frames[ann.peer_id] = (ann.packet_sha256, frame)
 
     def _on_manifest(self, data: bytes, sender: bytes) -> None:
+        """A manifest from gossip."""
+        self._accept_manifest(data, sender)
+
+    def _accept_manifest(self, data: bytes, sender: bytes) -> None:
         cfg = self.config
         man = open_manifest(
             data,
@@ -280,6 +306,7 @@ class AsyncSwarmExchange:
             return
         entries: list[Entry] = [(p, sha, len(fr)) for p, (sha, fr) in state.frames.items()]
         data = seal_manifest(self.swarm.identity, self.swarm.run_id, step, entries)
+        state.sealed = data
         state.manifests[self.peer_id] = open_manifest(
             data,
             run_id=self.swarm.run_id,
@@ -292,16 +319,70 @@ class AsyncSwarmExchange:
     async def _await_manifest(self, step: int, state: _RoundState, ranked: list[bytes]) -> RoundManifest:
         give_up = time.monotonic() + self.config.manifest_wait_s + len(ranked) * self.config.manifest_grace_s
         while True:
+            late = time.monotonic() >= give_up
+            if late:  # gossip may have lost the leader's manifest: ask better-ranked producers directly
+                await self._ask_better(step, state, ranked)
             if state.manifests:
                 best = min(state.manifests.values(), key=lambda m: m.rank)
                 top = min([*ranked, best.leader], key=lambda p: leader_rank(step, p))
-                if best.leader == top or time.monotonic() >= give_up:
+                if best.leader == top or late:
                     return best
-            elif time.monotonic() >= give_up:
+            elif late:
                 raise RoundUnavailable(f"step {step}: no manifest arrived (no live producer heard)")
             state.changed.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(state.changed.wait(), max(0.01, give_up - time.monotonic()))
+
+    async def _ask_better(self, step: int, state: _RoundState, ranked: list[bytes], tries: int = 3) -> None:
+        """Pull the manifest straight from up to ``tries`` producers ranked above the best we hold."""
+        best = min((m.rank for m in state.manifests.values()), default=None)
+        better = [p for p in ranked if p != self.peer_id and (best is None or leader_rank(step, p) < best)]
+        for peer in better[:tries]:
+            data = await self._request_manifest(
+                PeerID(peer), step, min(2.0, 4 * self.config.manifest_grace_s)
+            )
+            if data is None:
+                continue
+            try:
+                self._accept_manifest(data, peer)
+            except Rejected as e:
+                self.rejected[e.code] += 1
+                continue
+            if peer in state.manifests:
+                return
+
+    async def _request_manifest(self, peer: PeerID, step: int, timeout: float) -> bytes | None:
+        async def ask() -> bytes | None:
+            control = self.swarm.host.control_maddr["unix"]
+            reader, writer = await open_stream(control, peer, MANIFEST_PULL_PROTOCOL, timeout)
+            try:
+                writer.write(b"DNM?" + struct.pack(">Q", step))
+                await writer.drain()
+                (n,) = struct.unpack(">I", await reader.readexactly(4))
+                if n == 0 or n > _MAX_MANIFEST_BYTES:
+                    return None
+                return await reader.readexactly(n)
+            finally:
+                writer.close()
+
+        try:
+            return await asyncio.wait_for(ask(), timeout)
+        except Exception:  # dead, unreachable or silent: no manifest from this one
+            return None
+
+    async def _serve_manifest(
+        self, _info: object, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        try:
+            req = await asyncio.wait_for(reader.readexactly(12), 10.0)
+            state = self._rounds.get(struct.unpack(">Q", req[4:])[0]) if req[:4] == b"DNM?" else None
+            data = b"" if state is None or state.sealed is None else state.sealed
+            writer.write(struct.pack(">I", len(data)) + data)
+            await asyncio.wait_for(writer.drain(), 10.0)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
 
     async def _fill(self, step: int, state: _RoundState, manifest: RoundManifest) -> Round:
         frames: dict[bytes, bytes] = {}
@@ -340,6 +421,13 @@ class AsyncSwarmExchange:
         await self._manifest_gossip.close()
         for sub in self._subs:
             await sub.close()
+        if self.swarm.host.alive:
+            with contextlib.suppress(Exception):
+                await with_deadline(
+                    self.swarm.host.p2p.remove_binary_stream_handler(MANIFEST_PULL_PROTOCOL),
+                    5.0,
+                    "unregister",
+                )
 
 
 class SwarmExchange(Exchange):

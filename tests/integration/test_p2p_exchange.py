@@ -19,6 +19,7 @@ import pytest_asyncio
 from distronet.node.budget import Bandwidth
 from distronet.node.exchange.base import ExchangeError, Round
 from distronet.node.swarm.exchange import AsyncSwarmExchange, ExchangeConfig, SwarmExchange, manifest_topic
+from distronet.node.swarm.manifest import leader_rank
 from distronet.node.swarm.membership import MembershipConfig
 from distronet.node.swarm.p2p import SwarmConfig
 from distronet.node.swarm.stack import Swarm
@@ -141,6 +142,25 @@ async def test_download_budget_forces_a_subset_yet_replicas_agree(
         assert slow.down.total_bytes <= slow.down.burst + slow.down.rate * elapsed
     finally:
         c.bandwidth = c.puller.bandwidth = Bandwidth.unlimited()
+
+
+async def test_replica_that_missed_the_manifest_gossip_asks_the_leader(
+    peers: list[tuple[Swarm, AsyncSwarmExchange]],
+) -> None:
+    ids = [s.identity.peer_id for s, _ in peers]
+    step = next(t for t in range(5, 50) if min(ids, key=lambda p: leader_rank(t, p)) != ids[1])
+    leader = min(ids, key=lambda p: leader_rank(step, p))
+    _, xb = peers[1]
+    xb._on_manifest = lambda data, sender: None  # type: ignore[method-assign]  # B hears no manifest gossip
+    try:
+        sent = {s.identity.peer_id: packet(s, step) for s, _ in peers}
+        for swarm, ex in peers:
+            await ex.publish(step, sent[swarm.identity.peer_id])
+        rounds = await asyncio.gather(*(ex.collect(step) for _, ex in peers))
+        assert rounds[0] == rounds[1] == rounds[2] and dict(rounds[1]) == sent
+        assert leader in xb._rounds[step].manifests  # fetched straight from the leader
+    finally:
+        del xb._on_manifest
 
 
 async def test_killed_peer_is_left_out_and_the_rest_stay_identical(

@@ -326,10 +326,12 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             verify_us = _verify_us()
             load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
             cpu0 = _cpu_seconds(proc)
+            own0 = time.process_time()
             t0 = time.perf_counter()
             st = await _load(url, run_id, peers, args, args.duration)
             elapsed = time.perf_counter() - t0
             cpu = _cpu_seconds(proc) - cpu0
+            own = time.process_time() - own0
         finally:
             if proc is not None:
                 proc.terminate()
@@ -352,6 +354,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         "error_codes": st.codes,
         "mix": st.kinds,
         "server_cpu_us_per_request": round(cpu / max(total, 1) * 1e6, 1) if proc is not None else None,
+        "generator_cpu_us_per_request": round(own / max(total, 1) * 1e6, 1),
         "ed25519_verify_us": round(verify_us, 1),
         "load_average_1m": round(load, 2),
         "peers": len(peers),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from distronet.kernels.coding import (
     IndexCoding,
@@ -170,3 +172,45 @@ def test_worked_example_of_the_spec() -> None:
 
 
 WORKED_EXAMPLE = "01 02 02 21 02 52 04 48 00 64 00 14 1f e1 5a e1 00 00 3e 00 b4 00 40 00 c2"
+
+
+@st.composite
+def _payloads(
+    draw: st.DrawFn,
+) -> tuple[list[tuple[int, int]], list[tuple[int, np.ndarray, np.ndarray, int, ValueCoding, IndexCoding]]]:  # noqa: E501
+    layouts = draw(
+        st.lists(
+            st.tuples(st.integers(1, 6), st.sampled_from([1, 2, 5, 16, 49, 64, 256])), min_size=1, max_size=6
+        )
+    )  # noqa: E501
+    present = draw(st.lists(st.booleans(), min_size=len(layouts), max_size=len(layouts)))
+    seed = draw(st.integers(0, 2**31))
+    rng = np.random.default_rng(seed)
+    tensors = []
+    for tid, ((n, cn), here) in enumerate(zip(layouts, present, strict=True)):
+        if not here:
+            continue
+        k = draw(st.integers(1, cn))
+        idx, val = _topk(rng, n, cn, k)
+        if draw(st.booleans()):
+            val[rng.random(val.shape) < 0.3] = 0.0
+        vc = draw(st.sampled_from(list(ValueCoding)))
+        ic = draw(st.sampled_from(list(IndexCoding)))
+        tensors.append((tid, idx, val, cn, vc, ic))
+    return layouts, tensors
+
+
+@settings(max_examples=150, deadline=None)
+@given(_payloads())
+def test_random_payloads_round_trip(case: tuple[list[tuple[int, int]], list]) -> None:  # type: ignore[type-arg]
+    layouts, tensors = case
+    encs, want = [], {}
+    for tid, idx, val, cn, vc, ic in tensors:
+        enc, deq = encode_tensor(tid, idx, val, cn, vc, ic)
+        encs.append(enc)
+        want[tid] = (idx, deq)
+    out = decode_payload(encode_payload(encs), layouts)
+    assert [t.tensor_id for t in out] == sorted(want)
+    for t in out:
+        np.testing.assert_array_equal(t.idx, want[t.tensor_id][0])
+        assert t.val.tobytes() == want[t.tensor_id][1].tobytes()

@@ -1,8 +1,9 @@
 """The HTTP face of the coordinator: one route table, one request pipeline, aiohttp underneath.
 
 Pipeline of every call (:meth:`CoordinatorApp._wrap`): declared body size (413) -> auth
-(operator bearer 401/403, or signed request 401/403) -> per-client rate limit (429) -> body
-read within the route's limit (413) -> signature and nonce (403) -> JSON + schema (400/415) ->
+(operator bearer 401/403, or signature headers 401/403) -> body read within the route's limit
+(413) -> signature (403; a forgery counts against its IP's rate) -> per-client rate limit
+(429: per peer once verified, per IP otherwise) -> nonce (403) -> JSON + schema (400/415) ->
 operation -> wait until its writes are durable -> JSON answer. Errors are typed JSON bodies
 (:func:`distronet.protocol.coordinator_api.error_body`); nothing unexpected becomes a bare 500.
 """
@@ -263,9 +264,13 @@ class CoordinatorApp:
                 h = parse_signed(
                     request.headers, skew_s=self.cfg.clock_skew_s, not_before_ms=self.started_ms, now=now
                 )
-                self._limit(self.peer_limits, h.peer)
                 body = await self._read(request, limit) if is_post else b""
-                verify_signed(h, request.method, request.path_qs, body)
+                try:
+                    verify_signed(h, request.method, request.path_qs, body)
+                except ApiError:  # forgeries count against their IP, never against the peer they name
+                    self._limit(self.ip_limits, request.remote or "?")
+                    raise
+                self._limit(self.peer_limits, h.peer)
                 self.nonces.check_and_add(h.peer, h.nonce, now)
                 peer = h.peer
             elif r.auth == "operator":

@@ -312,3 +312,31 @@ def test_client_public_surface() -> None:
         "close", "get_run", "join", "lease", "held_leases", "renew", "leave", "complete", "heartbeat",
         "submit_receipts", "pending", "flush", "resume",
     }  # fmt: skip
+
+
+async def test_forgeries_cannot_spend_a_peers_rate_limit(tmp_path: Path, http: aiohttp.ClientSession) -> None:
+    cfg = CoordinatorConfig(
+        db=f"sqlite:///{tmp_path / 'c.db'}",
+        operator_token=TOKEN,
+        peer_rate=0.5,
+        peer_burst=3,
+        ip_rate=0.5,
+        ip_burst=3,
+    )
+    async with local_coordinator(cfg) as lc:
+        await _create(http, lc, spec())
+        victim, forger = Identity.generate(), Identity.generate()
+        async with CoordinatorClient(lc.url, "r1", victim) as c:
+            await c.join()
+        path = "/api/v1/runs/r1/heartbeat"
+        body = json.dumps({"step": 1}).encode()
+        codes = []
+        for _ in range(6):
+            h = {**sign_request(forger, "POST", path, body), "Content-Type": "application/json"}
+            h["X-Distro-Peer"] = victim.peer_id_b58
+            async with http.post(lc.url + path, data=body, headers=h) as r:
+                codes.append(r.status)
+        assert codes[0] == 403 and codes[-1] == 429  # the forger's IP is throttled, not the victim
+        h = {**sign_request(victim, "POST", path, body), "Content-Type": "application/json"}
+        async with http.post(lc.url + path, data=body, headers=h) as r:
+            assert r.status == 200

@@ -187,3 +187,31 @@ async def test_killed_peer_is_left_out_and_the_rest_stay_identical(
     )
     ra, rb = await asyncio.gather(asyncio.to_thread(sa.collect, step), asyncio.to_thread(sb.collect, step))
     assert ra == rb and len(ra) == 2
+
+
+async def test_newcomer_is_in_the_accepted_set_within_10_s_of_starting(
+    peers: list[tuple[Swarm, AsyncSwarmExchange]], tmp_path: Path
+) -> None:
+    (a, xa), (b, xb), _ = peers  # C was killed above
+    started = time.monotonic()
+    d, xd = await start(tmp_path, "d", tuple(await a.host.maddrs()))
+    try:
+
+        async def d_ready() -> bool:
+            want = {a.host.peer_id, b.host.peer_id}
+            topics = (d.topic, manifest_topic(RUN))
+            return all([set(await d.gossip.topic_peers(t)) >= want for t in topics])
+
+        await eventually(d_ready, 10.0, "the newcomer's gossip mesh")
+        step = 12
+        sent = {s.identity.peer_id: packet(s, step) for s in (a, b, d)}
+        for s, ex in ((a, xa), (b, xb), (d, xd)):
+            await ex.publish(step, sent[s.identity.peer_id])
+        rounds = await asyncio.gather(xa.collect(step), xb.collect(step), xd.collect(step))
+        join_to_first_accept = time.monotonic() - started
+        assert rounds[0] == rounds[1] == rounds[2] and d.identity.peer_id in rounds[0]
+        assert join_to_first_accept <= 10.0
+        print(f"join_to_first_accept_s={join_to_first_accept:.2f}")
+    finally:
+        await xd.close()
+        await d.close()

@@ -3,9 +3,9 @@ nothing acknowledged is lost, and leases and the ledger continue where they were
 
 Steps:
  1. start `distro-coordinator serve --run run.toml` (manifest by path) as a real process;
- 2. 30 nodes (the node's real client library) join, lease, renew, complete, heartbeat and
+ 2. 100 nodes (the node's real client library) join, lease, renew, complete, heartbeat and
     send each other signed receipts, recording every answer they got;
- 3. after 120 acknowledged completions, SIGKILL the process while requests are in flight;
+ 3. after 250 acknowledged completions, SIGKILL the process while requests are in flight;
  4. restart it on the same data folder: every acknowledged completion is DONE and credited
     to its node, every acknowledged lease renews with its old token, every node's ledger is
     at least what it was told (at most one in-flight completion more);
@@ -38,7 +38,7 @@ from distronet.node.coordinator_client import (
 from distronet.protocol.identity import Identity
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
-SHARDS, NODES, KILL_AFTER = 400, 30, 120
+SHARDS, NODES, KILL_AFTER = 1000, 100, 250
 
 
 def _write_run(tmp: Path) -> Path:
@@ -60,7 +60,16 @@ def _start(tmp: Path, run: Path) -> tuple[subprocess.Popen[bytes], str]:
     port_file.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "distronet.coordinator.cli", "serve", "--port", "0"]
     cmd += ["--port-file", str(port_file), "--data-dir", str(tmp / "state"), "--operator-token", "t"]
-    cmd += ["--run", str(run), "--log-level", "WARNING"]
+    cmd += [
+        "--run",
+        str(run),
+        "--log-level",
+        "WARNING",
+        "--ip-rate",
+        "1e6",
+        "--ip-burst",
+        "1e6",
+    ]  # one observer IP
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while not port_file.exists():

@@ -13,7 +13,9 @@ Used by the tests and by ``distro-node bench converge``. The public entry point:
   through ``FaultyLinks``, and peers that die (leave the run) at a given step.
 * ``on_step(step, result)`` is called after every step (e.g. to evaluate mid-run).
 
-Peer identities come from ``seed`` (``Identity.from_seed``), so a run replays exactly.
+Replicas share one ``DecodeCache`` (each frame decoded once per process, not once per replica:
+decoding is a pure function of the bytes). Peer identities come from ``seed``
+(``Identity.from_seed``), so a run replays exactly.
 Per step, every live peer computes its gradient and publishes, then every live peer collects
 and applies (the collect decides the round: in this single thread, the round's deadline).
 ``SwarmResult.upload_bytes[peer][step]`` are the bytes of that peer's sealed packet as on the wire.
@@ -35,6 +37,7 @@ from distronet.node.exchange.faulty import FaultPlan, FaultyExchange, FaultyLink
 from distronet.node.exchange.memory import MemoryHub
 from distronet.node.optim.config import DistroConfig
 from distronet.node.optim.distro import DistroOptimizer
+from distronet.node.optim.packets import DecodeCache
 from distronet.protocol.errors import ConfigError
 from distronet.protocol.identity import Identity
 
@@ -111,12 +114,13 @@ def run_swarm(
     hub = MemoryHub(FaultyLinks(faults.plan) if faults.plan else None)
     t0 = time.perf_counter()
     res = SwarmResult([], [], [], [True] * n_peers, [], [], 0.0)
+    cache = DecodeCache(max_entries=4 * n_peers)
     for i in range(n_peers):
         ident = Identity.from_seed(hashlib.sha256(f"distronet-sim/{seed}/{i}".encode()).digest())
         ex = FaultyExchange(hub.join(ident.peer_id), die_at_step=faults.deaths.get(i))
         model = model_factory()
         res.models.append(model)
-        res.optimizers.append(DistroOptimizer(model.named_parameters(), cfg, ex, ident))
+        res.optimizers.append(DistroOptimizer(model.named_parameters(), cfg, ex, ident, decode_cache=cache))
         res.peer_ids.append(ident.peer_id)
         res.losses.append([])
         res.upload_bytes.append([])

@@ -31,7 +31,7 @@ from typing import Any
 from distronet.kernels.coding import IndexCoding, ValueCoding
 from distronet.protocol.errors import ConfigError
 
-__all__ = ["PRESETS", "DistroConfig", "UpdateRule", "lr_at", "preset"]
+__all__ = ["PACKET_BYTES_DEFAULT_GPT", "PRESETS", "DistroConfig", "UpdateRule", "lr_at", "preset"]
 
 
 class UpdateRule(str, enum.Enum):
@@ -203,3 +203,14 @@ def preset(name: str, **overrides: Any) -> DistroConfig:
     if bad:
         raise ConfigError(f"unknown DistroConfig field(s): {', '.join(bad)}")
     return DistroConfig(**{**PRESETS[name], **overrides})
+
+
+PACKET_BYTES_DEFAULT_GPT: dict[str, int] = {
+    "demo_reference": 50_386,
+    "psyche": 2_259,
+    "ours_k32": 21_691,
+    "ours_k4_1bit": 2_724,
+}
+"""Sealed packet bytes per step of each preset on the default GPT (875,264 parameters, Gaussian
+gradients; a test holds them within 10 %). A fp32 ring all-reduce over 4 peers uploads
+5,251,584 bytes per peer per step: ``psyche`` is 2,325x smaller, ``ours_k4_1bit`` 1,928x."""

@@ -37,6 +37,7 @@ from distronet.kernels.decode import decode_sum
 from distronet.node.exchange.base import Exchange, Round
 from distronet.node.optim.config import DistroConfig, UpdateRule, lr_at
 from distronet.node.optim.packets import (
+    DecodeCache,
     SentTensor,
     TensorPlan,
     build_packet,
@@ -73,6 +74,7 @@ class DistroOptimizer(torch.optim.Optimizer):
 
     ``named_params``: ``model.named_parameters()`` (tied weights appear once). All replicas of a
     run must pass the same names and shapes in the same order, and the same ``cfg``.
+    ``decode_cache`` lets replicas of one process decode each frame once (``DecodeCache``).
     Raises ``ConfigError`` for an empty or non-float parameter list.
     """
 
@@ -82,6 +84,8 @@ class DistroOptimizer(torch.optim.Optimizer):
         cfg: DistroConfig,
         exchange: Exchange,
         identity: Identity,
+        *,
+        decode_cache: DecodeCache | None = None,
     ) -> None:
         named = list(named_params)
         if not named:
@@ -93,6 +97,7 @@ class DistroOptimizer(torch.optim.Optimizer):
         self.cfg = cfg
         self.exchange = exchange
         self.identity = identity
+        self.decode_cache = decode_cache
         self.plans: list[TensorPlan] = make_plans([(n, tuple(p.shape)) for n, p in named], cfg)
         self.digest = run_digest(self.plans)
         self._params = [p for _, p in named]
@@ -203,7 +208,7 @@ class DistroOptimizer(torch.optim.Optimizer):
         for old in [s for s in self._pending if s < rnd.step]:
             del self._pending[old]
         device = self._params[0].device
-        dec = open_round(rnd.frames, self.plans, cfg, rnd.step, self.digest, device)
+        dec = open_round(rnd.frames, self.plans, cfg, rnd.step, self.digest, device, self.decode_cache)
         own = self.identity.peer_id in dec.peers
         if not own:  # our packet did not count: give what we sent back to the momentum
             for m, s in zip(self._momenta(), pending.sent, strict=True):

@@ -13,6 +13,7 @@ decoding is linear in the round's bytes.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -28,6 +29,7 @@ from distronet.protocol.layout import layout_digest
 from distronet.protocol.packet import open_packet, seal_packet
 
 __all__ = [
+    "DecodeCache",
     "DecodedRound",
     "SentTensor",
     "TensorPlan",
@@ -70,6 +72,29 @@ class DecodedRound:
     peers: tuple[bytes, ...]
     parts: dict[int, list[Part]]
     rejected: dict[bytes, RejectCode]
+
+
+_Decoded = list[tuple[int, Part]] | RejectCode
+
+
+class DecodeCache:
+    """Decoded frames by (layout digest, step, sha256(frame)), shared by replicas in one process.
+
+    Decoding is a pure function of the frame's bytes, so an in-process swarm may decode each
+    frame once for all its replicas. Holds at most ``max_entries`` frames (oldest evicted).
+    """
+
+    def __init__(self, max_entries: int = 256) -> None:
+        self.max_entries = max_entries
+        self._data: dict[bytes, _Decoded] = {}
+
+    def get(self, key: bytes) -> _Decoded | None:
+        return self._data.get(key)
+
+    def put(self, key: bytes, value: _Decoded) -> None:
+        self._data[key] = value
+        while len(self._data) > self.max_entries:
+            del self._data[next(iter(self._data))]
 
 
 def make_plans(named_shapes: Sequence[tuple[str, tuple[int, ...]]], cfg: DistroConfig) -> list[TensorPlan]:
@@ -133,6 +158,7 @@ def open_round(
     step: int,
     digest: bytes,
     device: torch.device,
+    cache: DecodeCache | None = None,
 ) -> DecodedRound:
     """Verify and decode a round's frames (ascending peer id); bad frames are skipped and reported.
 
@@ -144,19 +170,40 @@ def open_round(
     peers: list[bytes] = []
     rejected: dict[bytes, RejectCode] = {}
     for pid in sorted(frames):
-        try:
-            pkt = open_packet(frames[pid], run_id=cfg.run_id, layout_digest=digest)
-            if pkt.peer_id != pid:
-                raise Rejected(RejectCode.WRONG_PEER, "packet signed by another peer")
-            if pkt.step != step:
-                raise Rejected(RejectCode.STALE_STEP, f"packet for step {pkt.step}, round {step}")
-            decoded = decode_payload(pkt.payload, shapes)
-        except Rejected as e:
-            rejected[pid] = e.code
+        key = digest + step.to_bytes(8, "big") + pid + hashlib.sha256(frames[pid]).digest()
+        got = cache.get(key) if cache is not None else None
+        if got is None:
+            got = _decode_frame(frames[pid], pid, cfg, step, digest, shapes)
+            if cache is not None:
+                cache.put(key, got)
+        if isinstance(got, RejectCode):
+            rejected[pid] = got
             continue
         peers.append(pid)
-        for t in decoded:
-            idx = torch.from_numpy(np.asarray(t.idx, dtype=np.int64)).to(device)
-            val = torch.from_numpy(np.asarray(t.val, dtype=np.float32)).to(device)
-            parts[t.tensor_id].append((idx, val))
+        for tid, (idx, val) in got:
+            parts[tid].append((idx.to(device), val.to(device)))
     return DecodedRound(step, tuple(peers), parts, rejected)
+
+
+def _decode_frame(
+    frame: bytes, pid: bytes, cfg: DistroConfig, step: int, digest: bytes, shapes: list[tuple[int, int]]
+) -> _Decoded:
+    try:
+        pkt = open_packet(frame, run_id=cfg.run_id, layout_digest=digest)
+        if pkt.peer_id != pid:
+            raise Rejected(RejectCode.WRONG_PEER, "packet signed by another peer")
+        if pkt.step != step:
+            raise Rejected(RejectCode.STALE_STEP, f"packet for step {pkt.step}, round {step}")
+        decoded = decode_payload(pkt.payload, shapes)
+    except Rejected as e:
+        return e.code
+    return [
+        (
+            t.tensor_id,
+            (
+                torch.from_numpy(np.asarray(t.idx, dtype=np.int64)),
+                torch.from_numpy(np.asarray(t.val, dtype=np.float32)),
+            ),
+        )
+        for t in decoded
+    ]

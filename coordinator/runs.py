@@ -75,6 +75,10 @@ class NodeRecord:
             "last_step": self.last_step,
         }
 
+    def may_credit(self, step: int) -> bool:
+        """True when a receipt for ``step`` would still earn credit (not a repeat, not too old)."""
+        return step not in self.credited and step >= self.max_credited - RECEIPT_WINDOW
+
     def credit_step(self, step: int) -> bool:
         """Credit one acknowledged step once; False for a repeat or a step too far behind."""
         if step in self.credited or step < self.max_credited - RECEIPT_WINDOW:

@@ -138,3 +138,25 @@ async def test_restart_restores_ledger_tokens_and_credited_steps(
         "rejected": [],
     }
     assert r2.tokens[r2.hash_token(tok)][0] == 1  # one use left of three
+
+
+async def test_many_acceptors_of_one_packet_cost_one_verify(
+    env: tuple[Coordinator, Clock, Store, EventBus],
+    spec_factory: Callable[..., dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from distronet.coordinator import service as service_mod
+    from distronet.node.coordinator_client import sign_receipt
+
+    svc, _, _, _ = env
+    run, _ = svc.create_run(CREATE_RUN.validate(spec_factory()))
+    producer, *acceptors = [Identity.generate() for _ in range(6)]
+    for ident in (producer, *acceptors):
+        _join(svc, run, ident)
+    calls = []
+    real = service_mod.identity.verify
+    monkeypatch.setattr(service_mod.identity, "verify", lambda *a: calls.append(1) or real(*a))
+    receipts = [sign_receipt(a, run.id, 4, producer.peer_id_b58, "bb" * 32) for a in acceptors]
+    out = svc.receipts(run, svc.node_for(run, acceptors[0].peer_id_b58), receipts)
+    assert out == {"accepted": 1, "duplicate": 4, "rejected": []}
+    assert len(calls) == 1 and run.nodes[producer.peer_id_b58].steps == 1

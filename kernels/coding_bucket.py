@@ -3,8 +3,10 @@
 A symbol ``x >= 0`` has bucket ``b = bitlen(x)`` and, when ``b >= 2``, a mantissa of ``b - 1``
 bits (``x = 2**(b-1) + mantissa``). Buckets are coded with parameters ``(b0, w)``: the bucket's
 place ``rho`` in the centre-out order ``b0, b0+1, b0-1, b0+2, ...`` goes in a ``w``-bit field,
-with ``2**w - 1`` meaning "escape: the rest follows in unary". Fields, escapes and mantissas
-are separate streams, so both directions are whole-array numpy operations.
+with ``2**w - 1`` meaning "escape: the rest follows in unary". ``w = 7`` selects a Rice code
+instead: ``x >> b0`` in unary (in the escape stream) and the low ``b0`` bits as the mantissa.
+Fields, escapes and mantissas are separate streams, so both directions are whole-array numpy
+operations.
 """
 
 from __future__ import annotations
@@ -18,17 +20,26 @@ from distronet.protocol.errors import RejectCode, Rejected
 
 __all__ = [
     "MAX_FIELD_WIDTH",
+    "RICE",
     "Part",
     "best_params",
     "buckets_of",
+    "check_params",
+    "choose_params",
+    "class_parts",
+    "class_values",
     "escape_parts",
     "field_parts",
+    "finish_class",
     "mantissa_parts",
     "read_buckets",
+    "start_class",
     "symbols_from",
 ]
 
 MAX_FIELD_WIDTH = 4
+RICE = 7  # the w value selecting a Rice code with parameter b0
+_MAX_QUOTIENT = 24  # encoders use Rice only where every unary quotient fits one packed field
 Part = tuple[np.ndarray, np.ndarray]  # (values, widths) of consecutive bit fields
 
 
@@ -115,3 +126,64 @@ def symbols_from(reader: BitReader, buckets: np.ndarray) -> np.ndarray:
     mant = reader.varwidth(width)
     out: np.ndarray = np.where(buckets >= 1, (np.int64(1) << width) + mant, 0)
     return out
+
+
+def _rice_best(x: np.ndarray, bmax: int) -> tuple[int, int]:
+    """(bits, m) of the best Rice parameter, searched around log2 of the mean."""
+    m0 = max(0, int(np.log2(float(x.mean()) + 1.0)) - 1)
+    top = int(x.max())
+    best = (1 << 62, 0)
+    for m in range(max(0, m0 - 1), min(bmax, m0 + 2) + 1):
+        if top >> m <= _MAX_QUOTIENT:
+            best = min(best, (int((x >> m).sum()) + x.size * (1 + m), m))
+    return best
+
+
+def choose_params(x: np.ndarray, bmax: int) -> tuple[int, int]:
+    """(b0, w) minimising the bits of symbols ``x``: a bucket code, or ``w = RICE`` with m = b0."""
+    if x.size == 0:
+        return 0, 0
+    cost, b0, w = best_params(buckets_of(x), bmax)
+    rice, m = _rice_best(x, bmax)
+    return (m, RICE) if rice < cost else (b0, w)
+
+
+def class_parts(x: np.ndarray, b0: int, w: int, bmax: int) -> tuple[Part, Part, Part]:
+    """(fields, escapes, mantissas) of symbols ``x`` under (b0, w)."""
+    if w == RICE:
+        empty = np.zeros(0, dtype=np.int64)
+        return (empty, empty), unary_fields(x >> b0), (x & ((1 << b0) - 1), np.full(x.size, b0))
+    b = buckets_of(x)
+    return field_parts(b, b0, w, bmax), escape_parts(b, b0, w, bmax), mantissa_parts(x, b)
+
+
+def check_params(b0: int, w: int, bmax: int, what: str) -> None:
+    """MALFORMED unless (b0, w) is a valid parameter pair for buckets up to ``bmax``."""
+    if b0 > bmax or not (w <= MAX_FIELD_WIDTH or w == RICE):
+        raise Rejected(RejectCode.MALFORMED, f"{what}: parameters b0={b0} w={w} (largest bucket {bmax})")
+
+
+def start_class(reader: BitReader, count: int, b0: int, w: int) -> np.ndarray:
+    """Read a class's fields (none for Rice)."""
+    return reader.fields(count, 0 if w == RICE else w)
+
+
+def finish_class(
+    reader: BitReader, fields: np.ndarray, b0: int, w: int, bmax: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Read a class's escapes: (prefix, mantissa widths), prefix = buckets or Rice quotients."""
+    if w == RICE:
+        q = reader.unary(fields.size, ((1 << bmax) - 1) >> b0)
+        return q, np.full(q.size, b0, dtype=np.int64)
+    b = read_buckets(reader, fields, b0, w, bmax)
+    return b, np.maximum(b - 1, 0)
+
+
+def class_values(prefix: np.ndarray, mant: np.ndarray, b0: int, w: int) -> np.ndarray:
+    """Symbols from a class's prefix and its mantissas."""
+    if w == RICE:
+        out: np.ndarray = (prefix << b0) + mant
+        return out
+    width = np.maximum(prefix - 1, 0)
+    res: np.ndarray = np.where(prefix >= 1, (np.int64(1) << width) + mant, 0)
+    return res

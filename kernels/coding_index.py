@@ -23,11 +23,10 @@ from distronet.kernels.coding_bucket import (
     Part,
     best_params,
     buckets_of,
-    escape_parts,
-    field_parts,
-    mantissa_parts,
-    read_buckets,
-    symbols_from,
+    class_parts,
+    class_values,
+    finish_class,
+    start_class,
 )
 from distronet.protocol.errors import RejectCode, Rejected
 
@@ -172,16 +171,13 @@ def index_parts(code: IndexCode, chunk_numel: int, params: ClassParams) -> list[
     if code.buckets is None:
         v = code.values.reshape(-1)
         return [*head, (v, np.full(v.size, width, dtype=np.int64))]
-    ba, bb = code.buckets[:, 0], code.buckets[:, 1:].reshape(-1)
+    n, k = code.values.shape
     p = params
-    return [
-        *head,
-        field_parts(ba, p.b0_a, p.w_a, width),
-        field_parts(bb, p.b0_b, p.w_b, width),
-        escape_parts(ba, p.b0_a, p.w_a, width),
-        escape_parts(bb, p.b0_b, p.w_b, width),
-        mantissa_parts(code.values.reshape(-1), code.buckets.reshape(-1)),
-    ]
+    fa, ea, (va, wa) = class_parts(code.values[:, 0], p.b0_a, p.w_a, width)
+    fb, eb, (vb, wb) = class_parts(code.values[:, 1:].reshape(-1), p.b0_b, p.w_b, width)
+    mant_v = np.concatenate([va[:, None], vb.reshape(n, k - 1)], axis=1).reshape(-1)
+    mant_w = np.concatenate([wa[:, None], wb.reshape(n, k - 1)], axis=1).reshape(-1)
+    return [*head, fa, fb, ea, eb, (mant_v, mant_w)]
 
 
 def _read_fixed(reader: BitReader, n: int, k: int, chunk_numel: int) -> np.ndarray:
@@ -216,12 +212,19 @@ def decode_indices(
         raise Rejected(RejectCode.MALFORMED, f"rank map {rank_map.name} for a chunk of {chunk_numel}")
     assert params is not None
     bmax, p = fixed_width(chunk_numel), params
-    fa = reader.fields(n, p.w_a)
-    fb = reader.fields(n * (k - 1), p.w_b)
-    ba = read_buckets(reader, fa, p.b0_a, p.w_a, bmax)
-    bb = read_buckets(reader, fb, p.b0_b, p.w_b, bmax)
-    buckets = np.concatenate([ba[:, None], bb.reshape(n, k - 1)], axis=1)
-    gaps = symbols_from(reader, buckets.reshape(-1)).reshape(n, k)
+    fa = start_class(reader, n, p.b0_a, p.w_a)
+    fb = start_class(reader, n * (k - 1), p.b0_b, p.w_b)
+    pa, wa = finish_class(reader, fa, p.b0_a, p.w_a, bmax)
+    pb, wb = finish_class(reader, fb, p.b0_b, p.w_b, bmax)
+    widths = np.concatenate([wa[:, None], wb.reshape(n, k - 1)], axis=1)
+    mant = reader.varwidth(widths.reshape(-1)).reshape(n, k)
+    gaps = np.concatenate(
+        [
+            class_values(pa, mant[:, 0], p.b0_a, p.w_a)[:, None],
+            class_values(pb, mant[:, 1:].reshape(-1), p.b0_b, p.w_b).reshape(n, k - 1),
+        ],
+        axis=1,
+    )
     ranks = np.cumsum(gaps + 1, axis=1) - 1
     if int(ranks[:, -1].max()) >= chunk_numel:
         raise Rejected(RejectCode.INDEX_OUT_OF_RANGE, f"index rank beyond a chunk of {chunk_numel}")

@@ -24,13 +24,12 @@ import numpy as np
 from distronet.kernels.coding_bits import BitReader, ByteReader, pack_bits, unary_fields, varint
 from distronet.kernels.coding_bucket import (
     Part,
-    best_params,
-    buckets_of,
-    escape_parts,
-    field_parts,
-    mantissa_parts,
-    read_buckets,
-    symbols_from,
+    check_params,
+    choose_params,
+    class_parts,
+    class_values,
+    finish_class,
+    start_class,
 )
 from distronet.kernels.coding_index import (
     MAX_CHUNK_NUMEL,
@@ -99,12 +98,12 @@ def _params_bits(params: ClassParams) -> Part:
 def _group_params(ts: Sequence[EncodedTensor], cn: int) -> ClassParams:
     """Cheapest shared parameters for the ENTROPY tensors of chunk size ``cn``."""
     codes = [t.index for t in ts if t.entropy_group and t.chunk_numel == cn]
-    bks = [c.buckets for c in codes if c is not None and c.buckets is not None]
-    if not bks:
+    gaps = [c.values for c in codes if c is not None and c.buckets is not None]
+    if not gaps:
         return ClassParams()
     bmax = fixed_width(cn)
-    _, b0a, wa = best_params(np.concatenate([b[:, 0] for b in bks]), bmax)
-    _, b0b, wb = best_params(np.concatenate([b[:, 1:].reshape(-1) for b in bks]), bmax)
+    b0a, wa = choose_params(np.concatenate([g[:, 0] for g in gaps]), bmax)
+    b0b, wb = choose_params(np.concatenate([g[:, 1:].reshape(-1) for g in gaps]), bmax)
     return ClassParams(b0a, wa, b0b, wb)
 
 
@@ -122,11 +121,8 @@ def _scale_parts(ts: Sequence[EncodedTensor]) -> list[Part]:
     if not codes:
         return []
     sym = _scale_symbols(np.concatenate(codes))
-    b = buckets_of(sym)
-    _, b0, w = best_params(b, _SCALE_BMAX)
-    head = (np.array([b0, w]), np.array([4, 3]))
-    body = [field_parts(b, b0, w, _SCALE_BMAX), escape_parts(b, b0, w, _SCALE_BMAX), mantissa_parts(sym, b)]
-    return [head, *body]
+    b0, w = choose_params(sym, _SCALE_BMAX)
+    return [(np.array([b0, w]), np.array([4, 3])), *class_parts(sym, b0, w, _SCALE_BMAX)]
 
 
 def encode_payload(tensors: Sequence[EncodedTensor]) -> bytes:
@@ -235,15 +231,15 @@ def _read_table(
 
 def _read_params(br: BitReader, bmax: int) -> tuple[int, int]:
     b0, w = (int(x) for x in br.varwidth(np.array([4, 3])))
-    if b0 > bmax or w > 4:
-        raise Rejected(RejectCode.MALFORMED, f"bucket-code parameters b0={b0} w={w} (largest bucket {bmax})")
+    check_params(b0, w, bmax, br.what)
     return b0, w
 
 
 def _read_scales(br: BitReader, scaled: Sequence[_Entry], b0: int, w: int) -> list[np.ndarray]:
     """Per scaled tensor, its chunks' scale codes; NON_FINITE_VALUE for a code out of range."""
     count = sum(e.n for e in scaled)
-    sym = symbols_from(br, read_buckets(br, br.fields(count, w), b0, w, _SCALE_BMAX))
+    prefix, widths = finish_class(br, start_class(br, count, b0, w), b0, w, _SCALE_BMAX)
+    sym = class_values(prefix, br.varwidth(widths), b0, w)
     nonzero = sym > 0
     zz = sym[nonzero] - 1
     c = np.full(count, ZERO_SCALE, dtype=np.int64)

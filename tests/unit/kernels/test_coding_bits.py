@@ -8,6 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from distronet.kernels.coding_bits import BitReader, ByteReader, pack_bits, unary_fields, varint, zigzag
+from distronet.kernels.coding_bucket import (
+    RICE,
+    check_params,
+    choose_params,
+    class_parts,
+    class_values,
+    finish_class,
+    start_class,
+)
 from distronet.protocol.errors import RejectCode, Rejected
 
 FIELDS = st.lists(st.integers(0, 25).flatmap(lambda w: st.tuples(st.just(w), st.integers(0, (1 << w) - 1))))
@@ -68,3 +77,26 @@ def test_varint_round_trip(value: int) -> None:
     r = ByteReader(data + b"\x07")
     assert r.varint("v") == value and r.remaining == 1
     assert ByteReader(varint(zigzag(-(value // 2)))).svarint("s") == -(value // 2)
+
+
+@pytest.mark.parametrize("kind", ["geometric", "peaked", "zeros"])
+def test_bucket_and_rice_codes_round_trip(kind: str) -> None:
+    rng = np.random.default_rng(7)
+    x = {
+        "geometric": rng.geometric(1 / 300, 2000) - 1,  # Rice territory
+        "peaked": rng.integers(0, 4, 2000) * 97 + 1000,  # a few buckets: the bucket code
+        "zeros": np.zeros(50, dtype=np.int64),
+    }[kind].astype(np.int64)
+    x = np.minimum(x, 4095)
+    b0, w = choose_params(x, 12)
+    assert (w == RICE) == (kind == "geometric")
+    fields, escapes, mant = class_parts(x, b0, w, 12)
+    data = pack_bits(*(np.concatenate(a) for a in zip(fields, escapes, mant, strict=True)))
+    r = BitReader(data, "t")
+    prefix, widths = finish_class(r, start_class(r, x.size, b0, w), b0, w, 12)
+    np.testing.assert_array_equal(class_values(prefix, r.varwidth(widths), b0, w), x)
+    r.finish()
+    with pytest.raises(Rejected):
+        check_params(b0, 5, 12, "t")
+    with pytest.raises(Rejected):
+        check_params(13, w, 12, "t")

@@ -174,15 +174,18 @@ def test_worked_example_of_the_spec() -> None:
 WORKED_EXAMPLE = "01 02 02 21 02 52 04 48 00 64 00 14 1f e1 5a e1 00 00 3e 00 b4 00 40 00 c2"
 
 
+Spec = tuple[int, np.ndarray, np.ndarray, int, ValueCoding, IndexCoding]
+
+
 @st.composite
 def _payloads(
     draw: st.DrawFn,
-) -> tuple[list[tuple[int, int]], list[tuple[int, np.ndarray, np.ndarray, int, ValueCoding, IndexCoding]]]:  # noqa: E501
+) -> tuple[list[tuple[int, int]], list[Spec]]:
     layouts = draw(
         st.lists(
             st.tuples(st.integers(1, 6), st.sampled_from([1, 2, 5, 16, 49, 64, 256])), min_size=1, max_size=6
         )
-    )  # noqa: E501
+    )
     present = draw(st.lists(st.booleans(), min_size=len(layouts), max_size=len(layouts)))
     seed = draw(st.integers(0, 2**31))
     rng = np.random.default_rng(seed)
@@ -202,7 +205,7 @@ def _payloads(
 
 @settings(max_examples=150, deadline=None)
 @given(_payloads())
-def test_random_payloads_round_trip(case: tuple[list[tuple[int, int]], list]) -> None:  # type: ignore[type-arg]
+def test_random_payloads_round_trip(case: tuple[list[tuple[int, int]], list[Spec]]) -> None:
     layouts, tensors = case
     encs, want = [], {}
     for tid, idx, val, cn, vc, ic in tensors:

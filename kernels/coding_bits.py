@@ -14,6 +14,7 @@ from distronet.protocol.errors import RejectCode, Rejected
 __all__ = [
     "BitReader",
     "ByteReader",
+    "append_flags",
     "pack_bits",
     "pack_fields",
     "unary_fields",
@@ -85,39 +86,45 @@ class ByteReader:
         return (u >> 1) ^ -(u & 1)
 
 
-def _or_into(words: np.ndarray, at: np.ndarray, parts: np.ndarray) -> None:
-    """words[at[i]] |= parts[i] for non-decreasing ``at`` (one reduceat per run of equal ``at``)."""
-    if at.size == 0:
-        return
-    first = np.flatnonzero(np.diff(at, prepend=-1))
-    words[at[first]] |= np.bitwise_or.reduceat(parts, first)
-
-
 def pack_bits(values: np.ndarray, widths: np.ndarray) -> bytes:
-    """Concatenate fields MSB-first: value i in ``widths[i]`` bits (0 <= widths <= 25, values < 2**width).
+    """Concatenate fields MSB-first: value i in ``widths[i]`` bits (0 <= widths <= 64, values < 2**width).
 
     Zero-pads the last byte. Vectorised: each field lands in one or two big-endian 64-bit
-    words, OR-reduced per word. Cost O(len(values)).
+    words; the parts landing in a word are OR-ed by one ``reduceat`` (fields are in order, so
+    a word's parts are contiguous). Cost O(len(values)).
     """
-    w = np.asarray(widths, dtype=np.int64).reshape(-1)
-    v = np.asarray(values, dtype=np.int64).reshape(-1).astype(np.uint64)
+    w = np.asarray(widths, dtype=np.uint64).reshape(-1)
+    v = np.asarray(values).reshape(-1).astype(np.uint64)
     if (w == 0).any():  # zero-width fields hold nothing (and may sit just past the last word)
         v, w = v[w > 0], w[w > 0]
-    total = int(w.sum())
-    if total == 0:
+    if w.size == 0:
         return b""
-    start = np.cumsum(w) - w
-    at, off = start >> 6, start & 63
-    words = np.zeros((total + 63) // 64, dtype=np.uint64)
-    over = off + w - 64  # > 0 where the field spills into the next word
-    fits = over <= 0
-    _or_into(words, at[fits], v[fits] << (-over[fits]).astype(np.uint64))
-    spill = ~fits
-    if spill.any():
-        sv, so = v[spill], over[spill].astype(np.uint64)
-        _or_into(words, at[spill], sv >> so)
-        _or_into(words, at[spill] + 1, sv << (np.uint64(64) - so))
+    end = np.cumsum(w)
+    total = int(end[-1])
+    start = end - w
+    at = (start >> np.uint64(6)).astype(np.intp)
+    tail = end - (start & ~np.uint64(63))  # bits from the word's start to the field's end
+    fits = tail <= 64
+    left = np.where(fits, np.uint64(64) - tail, np.uint64(0))
+    right = np.where(fits, np.uint64(0), tail - np.uint64(64))
+    head = (v << left) >> right  # the part of each field inside its first word
+    words = np.zeros((total + 63) // 64 + 1, dtype=np.uint64)
+    first = np.flatnonzero(np.diff(at, prepend=-1))
+    words[at[first]] = np.bitwise_or.reduceat(head, first)
+    spill = np.flatnonzero(~fits)
+    if spill.size:  # at most one spilling field per word boundary: plain fancy OR is safe
+        words[at[spill] + 1] |= v[spill] << (np.uint64(128) - tail[spill])
     return words.astype(">u8").tobytes()[: (total + 7) // 8]
+
+
+def append_flags(data: bytes, nbits: int, flags: np.ndarray) -> bytes:
+    """Append single bits after the first ``nbits`` bits of ``data`` (a packed, zero-padded stream)."""
+    used = nbits & 7
+    if not used:
+        return data + np.packbits(flags.astype(np.uint8, copy=False)).tobytes()
+    lead = np.unpackbits(np.frombuffer(data[-1:], dtype=np.uint8))[:used]
+    tail = np.packbits(np.concatenate([lead, flags.astype(np.uint8, copy=False)])).tobytes()
+    return data[:-1] + tail
 
 
 def pack_fields(values: np.ndarray, width: int) -> bytes:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from distronet.kernels.coding_bits import BitReader, ByteReader, pack_bits, unary_fields, varint
+from distronet.kernels.coding_bits import BitReader, ByteReader, append_flags, pack_bits, unary_fields, varint
 from distronet.kernels.coding_bucket import (
     Part,
     check_params,
@@ -154,11 +154,11 @@ def encode_payload(tensors: Sequence[EncodedTensor]) -> bytes:
         if t.index is not None:
             parts += index_parts(t.index, t.chunk_numel, params.get(t.chunk_numel, ClassParams()))
     parts += scale_parts[1:]
+    widths = np.concatenate([p[1] for p in parts])
+    bits = pack_bits(np.concatenate([p[0] for p in parts]), widths)
     signs = [t.values.signs for t in ts if t.values.signs is not None]
-    if signs:
-        s = np.concatenate(signs).astype(np.int64)
-        parts.append((s, np.ones(s.size, dtype=np.int64)))
-    bits = pack_bits(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+    if signs:  # the stream's last part: one packbits instead of a field per bit
+        bits = append_flags(bits, int(widths.sum()), np.concatenate(signs))
     return bytes(head) + bits + b"".join(t.values.data for t in ts)
 
 

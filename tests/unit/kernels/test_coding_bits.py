@@ -7,7 +7,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distronet.kernels.coding_bits import BitReader, ByteReader, pack_bits, unary_fields, varint, zigzag
+from distronet.kernels.coding_bits import (
+    BitReader,
+    ByteReader,
+    append_flags,
+    pack_bits,
+    unary_fields,
+    varint,
+    zigzag,
+)
 from distronet.kernels.coding_bucket import (
     RICE,
     check_params,
@@ -100,3 +108,13 @@ def test_bucket_and_rice_codes_round_trip(kind: str) -> None:
         check_params(b0, 5, 12, "t")
     with pytest.raises(Rejected):
         check_params(13, w, 12, "t")
+
+
+@pytest.mark.parametrize("nbits", [0, 1, 7, 8, 13])
+def test_append_flags(nbits: int) -> None:
+    rng = np.random.default_rng(nbits)
+    lead = rng.integers(0, 2, nbits)
+    flags = rng.integers(0, 2, 11).astype(bool)
+    head = pack_bits(lead, np.ones(nbits, dtype=np.int64))
+    want = pack_bits(np.concatenate([lead, flags]), np.ones(nbits + 11, dtype=np.int64))
+    assert append_flags(head, nbits, flags) == want

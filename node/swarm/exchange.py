@@ -385,28 +385,37 @@ class AsyncSwarmExchange:
             writer.close()
 
     async def _fill(self, step: int, state: _RoundState, manifest: RoundManifest) -> Round:
-        frames: dict[bytes, bytes] = {}
+        """The manifest's frames: held ones as they are, the rest pulled concurrently by hash."""
+        for task in state.pulls.values():  # announced pulls are past their deadline by now
+            task.cancel()
         listed = [p for p, _, _ in manifest.entries]
-        for peer, sha, size in manifest.entries:
+
+        async def one(peer: bytes, sha: bytes, size: int) -> bytes:
             have = state.frames.get(peer)
             if have is not None and have[0] == sha:
-                frames[peer] = have[1]
-                continue
+                return have[1]
             if have is not None:
-                self._stats.repulled += 1
+                self._stats.repulled += 1  # we hold another frame of this peer: the manifest's wins
+            cached = self.swarm.puller.store.get(sha)  # a pull that finished after the freeze
+            if cached is not None:
+                return cached
             sources = [peer, manifest.leader, *(p for p in listed if p not in (peer, manifest.leader))]
-            try:
-                frame = await self.swarm.puller.pull(
-                    sha, [PeerID(p) for p in sources], max_bytes=size, size=size,
-                    timeout=self.config.pull_timeout_s, step=step,
-                )  # fmt: skip
-            except PullError as e:
-                raise RoundUnavailable(f"step {step}: cannot fetch a manifest frame: {e}") from e
+            frame = await self.swarm.puller.pull(
+                sha, [PeerID(p) for p in sources], max_bytes=size, size=size,
+                timeout=self.config.pull_timeout_s, step=step,
+            )  # fmt: skip
             self._stats.count_down(len(frame))
-            frames[peer] = frame
-        for task in state.pulls.values():
-            task.cancel()
-        return Round(step, frames)
+            return frame
+
+        tasks = [asyncio.ensure_future(one(*entry)) for entry in manifest.entries]
+        try:
+            got = await asyncio.gather(*tasks)
+        except PullError as e:
+            raise RoundUnavailable(f"step {step}: cannot fetch a manifest frame: {e}") from e
+        finally:
+            for task in tasks:
+                task.cancel()
+        return Round(step, dict(zip(listed, got, strict=True)))
 
     async def close(self) -> None:
         """Stop listening; later calls raise PeerDead. Does not close the swarm itself."""

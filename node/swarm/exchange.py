@@ -413,8 +413,8 @@ class AsyncSwarmExchange:
         except PullError as e:
             raise RoundUnavailable(f"step {step}: cannot fetch a manifest frame: {e}") from e
         finally:
-            for task in tasks:
-                task.cancel()
+            for fetching in tasks:
+                fetching.cancel()
         return Round(step, dict(zip(listed, got, strict=True)))
 
     async def close(self) -> None:

@@ -215,7 +215,7 @@ def _read_table(
     cls = br.fields(count, (len(classes) - 1).bit_length())
     if count and int(cls.max()) >= len(classes):
         raise Rejected(RejectCode.MALFORMED, f"class {int(cls.max())} of {len(classes)}")
-    out, total = [], 0
+    out, total, value_bits = [], 0, 0
     for tid, c in zip(ids.tolist(), cls.tolist(), strict=True):
         n, cn = layouts[tid]
         vc, ic, k = classes[c]
@@ -225,6 +225,9 @@ def _read_table(
         total += n * k
         if total > limits.max_total_coefficients:
             raise Rejected(RejectCode.LIMIT_EXCEEDED, f"over {limits.max_total_coefficients} coefficients")
+        value_bits += n * k * (1 if vc == ValueCoding.SIGN1 else 8 * value_section_len(vc, 1))
+        if value_bits > br.nbits:  # every coefficient's value takes >= 1 bit: no amplification
+            raise Rejected(RejectCode.TRUNCATED, f"{total} coefficients declared in {br.nbits // 8} bytes")
         out.append(_Entry(tid, n, cn, k, vc, ic))
     return out
 

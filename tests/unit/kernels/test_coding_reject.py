@@ -166,3 +166,9 @@ def test_fuzz_mutated_payloads(good: bytes, edits: list[tuple[int, int, int]]) -
         elif p < len(data):
             data[p] ^= 1 << (byte % 8)
     _decode_or_reject(bytes(data))
+
+
+def test_a_small_payload_cannot_declare_many_coefficients() -> None:
+    # one class "dense SIGN1" for 3 tensors of 1000 chunks x 4096: 12M coefficients in 8 bytes
+    data = bytes([1, 3, 1, 0x51, 0]) + _bits((3, 0))
+    assert _code(data, [(1000, 4096)] * 3) == RejectCode.TRUNCATED

@@ -9,10 +9,11 @@ Two inverses, chosen by the total ``K = sum(k)`` per chunk (see :func:`choose_me
 
 * ``dense``: scatter into a spatial-order coefficient buffer, then the full inverse DCT
   (two large matrix products, ``2 * n_coefficients * (br + bc)`` flops);
-* ``sparse``: the column inverse as a sum of ``K`` scaled basis rows per chunk
-  (``index_add``, ``n_chunks * K * bc`` adds), then the dense row inverse (half the dense cost).
+* ``sparse``: each chunk as a sum of ``K`` basis products, ``X_n = A_n^T B_n`` with
+  ``A_n = val * D_r[u, :]`` and ``B_n = D_c[v, :]`` (one batched matrix product,
+  ``2 * n_coefficients * K`` flops), then one copy into place.
 
-On CUDA, scatter/index-add accumulate with atomics, so the last bits of a sum may differ from
+On CUDA, the scatter accumulates with atomics, so the last bits of a sum may differ from
 run to run; on CPU the result is deterministic.
 """
 
@@ -28,14 +29,28 @@ from distronet.kernels.layout import ChunkLayout
 from distronet.kernels.workspace import scratch
 from distronet.protocol.errors import KernelError
 
-__all__ = ["SPARSE_MAX_FRACTION", "Method", "Part", "choose_method", "decode_sum", "scatter_sum"]
+__all__ = [
+    "SMALL_COEFFICIENTS",
+    "SPARSE_MAX_K_BIG",
+    "SPARSE_MAX_K_SMALL",
+    "Method",
+    "Part",
+    "choose_method",
+    "decode_sum",
+    "scatter_sum",
+]
 
 Part = tuple[torch.Tensor, torch.Tensor]
 Method = Literal["auto", "dense", "sparse"]
 
-SPARSE_MAX_FRACTION = 0.5
-"""``auto`` picks the sparse inverse while ``K <= SPARSE_MAX_FRACTION * bc`` (measured, see
-docs/benchmarks.md "Codec")."""
+SPARSE_MAX_K_BIG = 1 / 16
+SPARSE_MAX_K_SMALL = 1.0
+SMALL_COEFFICIENTS = 1 << 20
+"""``auto`` picks the sparse inverse while the total ``K`` per chunk is at most
+``SPARSE_MAX_K_SMALL * bc`` for tensors of at most ``SMALL_COEFFICIENTS`` coefficients and
+``SPARSE_MAX_K_BIG * bc`` above (measured on CPU, see docs/benchmarks.md "Codec": on a tensor
+that fits in cache the batched product wins up to K ~ bc; on a 4096 x 4096 tensor both are
+memory-bound, equal at K = 4 and the dense inverse ahead from K = 32)."""
 
 
 def _check_parts(layout: ChunkLayout, parts: Sequence[Part]) -> None:
@@ -88,40 +103,49 @@ def scatter_sum(
 
 def choose_method(layout: ChunkLayout, total_k: int) -> Literal["dense", "sparse"]:
     """The inverse ``auto`` uses for ``total_k`` coefficients per chunk."""
-    return "sparse" if total_k <= SPARSE_MAX_FRACTION * layout.block[-1] else "dense"
+    small = layout.n_coefficients <= SMALL_COEFFICIENTS
+    limit = (SPARSE_MAX_K_SMALL if small else SPARSE_MAX_K_BIG) * layout.block[-1]
+    return "sparse" if total_k <= limit else "dense"
 
 
 def _dense(layout: ChunkLayout, parts: Sequence[Part], dt: torch.dtype, dev: torch.device) -> torch.Tensor:
     spatial = (layout.grid[0], layout.block[0]) if len(layout.block) == 1 else (layout.batch, *layout.padded)
     buf = scratch(1, spatial, dt, dev).zero_()
-    if parts:
-        # One scatter for all parts, entries grouped by chunk: each chunk's writes stay local.
-        idx = torch.cat([p[0].to(dev) for p in parts], dim=1)
-        val = torch.cat([p[1].to(device=dev, dtype=dt) for p in parts], dim=1)
-        buf.view(-1).scatter_add_(0, spatial_index(idx, layout).view(-1), val.view(-1))
+    flat = buf.view(-1)
+    for idx, val in parts:  # one scatter per part (concatenating along k first costs more)
+        flat.scatter_add_(
+            0, spatial_index(idx.to(dev), layout).view(-1), val.to(device=dev, dtype=dt).reshape(-1)
+        )
     return idct_spatial(buf, layout)
 
 
 def _sparse(layout: ChunkLayout, parts: Sequence[Part], dt: torch.dtype, dev: torch.device) -> torch.Tensor:
     bc = layout.block[-1]
     basis_c = dct_basis(bc, dt, dev)
-    # Column inverse, sparsely: row (chunk, u) of T gains val * D_c[v, :] for each (u, v) sent.
-    t = scratch(1, (layout.n_coefficients // bc, bc), dt, dev).zero_()
+    basis_r = dct_basis(layout.block[0], dt, dev)
+    blocks: torch.Tensor | None = None
     for idx, val in parts:
-        idx = idx.to(dev)
-        rows = spatial_index(idx, layout) // bc  # the spatial row of (chunk, u)
-        src = scratch(2, (idx.numel(), bc), dt, dev)
-        torch.index_select(basis_c, 0, (idx % bc).view(-1), out=src)
-        src.mul_(val.to(device=dev, dtype=dt).reshape(-1, 1))
-        t.index_add_(0, rows.view(-1), src)
+        idx, val = idx.to(dev), val.to(device=dev, dtype=dt)
+        n, kk = idx.shape
+        # Chunk n = sum_j val_j * outer(D_r[u_j, :], D_c[v_j, :]) = A_n^T B_n (for 1-D: u_j = 0).
+        if len(layout.block) == 1:
+            a = val.unsqueeze(-1)  # (N, K, 1)
+        else:
+            a = torch.index_select(basis_r, 0, (idx // bc).view(-1)).view(n, kk, -1).mul_(val.unsqueeze(-1))
+        b = torch.index_select(basis_c, 0, (idx % bc).view(-1)).view(n, kk, bc)
+        if blocks is None:
+            blocks = torch.bmm(a.transpose(1, 2), b)  # (N, br, bc), chunk order
+        else:
+            blocks.baddbmm_(a.transpose(1, 2), b)
+    assert blocks is not None
     if len(layout.block) == 1:
-        return t.view(-1)[: layout.numel].reshape(layout.shape).clone()
-    # Row inverse, dense: D_r^T @ (br, Cp) slab per block row.
-    (gr, _gc), (br, _bc) = layout.grid, layout.block
-    (r, c), (rp, cp) = layout.core, layout.padded
-    basis_r = dct_basis(br, dt, dev)
-    x3 = torch.matmul(basis_r.T, t.view(layout.batch * gr, br, cp)).view(layout.batch, rp, cp)
+        return blocks.view(-1)[: layout.numel].reshape(layout.shape)
+    (gr, gc), (br, _bc) = layout.grid, layout.block
+    x3 = (
+        blocks.view(layout.batch, gr, gc, br, bc).permute(0, 1, 3, 2, 4).reshape(layout.batch, *layout.padded)
+    )
     if layout.is_padded:
+        r, c = layout.core
         x3 = x3[:, :r, :c]
     return x3.reshape(layout.shape)
 
@@ -147,6 +171,8 @@ def decode_sum(
         raise KernelError(f"unknown decode method {method!r}")
     _check_parts(layout, parts)
     dt, dev = _result_dtype(parts, dtype), _result_device(parts, device)
+    if not parts:
+        return torch.zeros(layout.shape, dtype=dt, device=dev)
     if method == "auto":
         method = choose_method(layout, sum(int(p[0].shape[1]) for p in parts))
     with torch.no_grad():

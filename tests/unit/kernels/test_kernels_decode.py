@@ -66,9 +66,11 @@ def test_no_parts_decodes_to_zeros() -> None:
 
 
 def test_choose_method_by_total_k() -> None:
-    lay = plan_layout((128, 128), 64)
-    assert choose_method(lay, 4) == "sparse"
-    assert choose_method(lay, 16 * 32) == "dense"
+    small, big = plan_layout((128, 128), 64), plan_layout((4096, 4096), 64)
+    assert choose_method(small, 32) == "sparse"
+    assert choose_method(small, 16 * 32) == "dense"
+    assert choose_method(big, 4) == "sparse"
+    assert choose_method(big, 32) == "dense"
 
 
 def test_float64_parts_decode_in_float64() -> None:

@@ -172,3 +172,20 @@ def test_a_small_payload_cannot_declare_many_coefficients() -> None:
     # one class "dense SIGN1" for 3 tensors of 1000 chunks x 4096: 12M coefficients in 8 bytes
     data = bytes([1, 3, 1, 0x51, 0]) + _bits((3, 0))
     assert _code(data, [(1000, 4096)] * 3) == RejectCode.TRUNCATED
+
+
+def _entropy_fp32(*fields: tuple[int, int]) -> bytes:
+    """One FP32/ENTROPY tensor, k=2, of layout (1, 48): id bit, group parameters all 0, then ``fields``."""
+    return _head(1, 0x12, 2) + _bits((1, 0), (14, 0), *fields) + np.ones(2, "<f4").tobytes()
+
+
+def test_entropy_rejections() -> None:
+    lay = [(1, 48)]
+    # gaps 40 and 10: escapes (unary buckets 6 and 4, b0=0 w=0), mantissas 8 (5 bits) and 2 (3 bits)
+    ok = _entropy_fp32((2, 0), (7, 0b1111110), (5, 0b11110), (5, 8), (3, 2))
+    assert _code(ok, lay) == RejectCode.INDEX_OUT_OF_RANGE  # ranks 40, 51 >= 48
+    fine = _entropy_fp32((2, 0), (7, 0b1111110), (4, 0b1110), (5, 8), (2, 2))  # gaps 40, 6
+    assert decode_payload(fine, lay)[0].idx.tolist() == [[40, 47]]
+    assert _code(_entropy_fp32((2, 1), (7, 0b1111110)), lay) == RejectCode.MALFORMED  # transpose, 48 not s*s
+    assert _code(_entropy_fp32((2, 0), (8, 0b11111110)), lay) == RejectCode.MALFORMED  # bucket 7 > 6
+    assert _code(_entropy_fp32((2, 0), (7, 0b1111110)), lay) == RejectCode.TRUNCATED  # stream ends

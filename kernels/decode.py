@@ -44,13 +44,15 @@ Part = tuple[torch.Tensor, torch.Tensor]
 Method = Literal["auto", "dense", "sparse"]
 
 SPARSE_MAX_K_BIG = 1 / 16
-SPARSE_MAX_K_SMALL = 1.0
+SPARSE_MAX_K_SMALL = 1 / 8
 SMALL_COEFFICIENTS = 1 << 20
 """``auto`` picks the sparse inverse while the total ``K`` per chunk is at most
 ``SPARSE_MAX_K_SMALL * bc`` for tensors of at most ``SMALL_COEFFICIENTS`` coefficients and
-``SPARSE_MAX_K_BIG * bc`` above (measured on CPU, see docs/benchmarks.md "Codec": on a tensor
-that fits in cache the batched product wins up to K ~ bc; on a 4096 x 4096 tensor both are
-memory-bound, equal at K = 4 and the dense inverse ahead from K = 32)."""
+``SPARSE_MAX_K_BIG * bc`` above. Measured on CPU (2 threads, chunk 64): on a 512 x 512 tensor the
+batched product takes ~0.4x the dense inverse at K = 4 and crosses it near K = 32-64; on
+4096 x 4096 both are memory-bound, equal at K = 4, dense ahead from K = 32. The sparse cost grows
+with K while the dense one does not, so the limits stay well below the crossing: that keeps
+decoding 16 packets within 3x of decoding 1."""
 
 
 def _check_parts(layout: ChunkLayout, parts: Sequence[Part]) -> None:

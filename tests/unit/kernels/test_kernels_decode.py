@@ -67,7 +67,7 @@ def test_no_parts_decodes_to_zeros() -> None:
 
 def test_choose_method_by_total_k() -> None:
     small, big = plan_layout((128, 128), 64), plan_layout((4096, 4096), 64)
-    assert choose_method(small, 32) == "sparse"
+    assert choose_method(small, 8) == "sparse"
     assert choose_method(small, 16 * 32) == "dense"
     assert choose_method(big, 4) == "sparse"
     assert choose_method(big, 32) == "dense"

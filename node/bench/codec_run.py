@@ -1,0 +1,205 @@
+"""Measurements behind `bench codec`: ours and the DeMo reference, same tensors, one process.
+
+* ours, encode: tensors -> per-chunk DCT top-k -> value + index coding -> payload -> signed,
+  zstd-framed step packet (``seal_packet``); decode: frame -> ``open_packet`` (signature
+  checked) -> ``decode_payload`` -> ``decode_sum`` (one scatter, one inverse) -> dense tensors.
+* reference, encode: einsum DCT -> top-k -> raw int64 indices + fp32 values as bytes;
+  decode: bytes -> scatter (mean) -> einsum inverse DCT -> dense tensors. No signature, no zstd.
+* ``decode_16_over_1``: decoding 16 packets (the same frame 16 times: identical work to 16
+  peers' packets) over decoding 1, on the full path; ``kernel_decode_16_over_1`` is the same ratio
+  for coefficients -> dense tensor only (what the aggregation step adds per peer once packets
+  have been checked on arrival).
+
+Timings are medians over ``repeats``; each of our timings is taken next to a fresh timing of the
+reference (so each row's reference figures are its own), kernel-only timings once per repeat.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from distronet.kernels.coding import IndexCoding, ValueCoding, decode_payload, encode_payload, encode_tensor
+from distronet.kernels.decode import decode_sum
+from distronet.kernels.demo_reference import DemoReference
+from distronet.kernels.topk import dct_topk
+from distronet.node.bench.codec_tensors import TensorSet
+from distronet.protocol.identity import Identity
+from distronet.protocol.layout import layout_digest
+from distronet.protocol.packet import open_packet, seal_packet
+
+__all__ = ["Coding", "Result", "measure"]
+
+RUN_ID = "bench-codec"
+Coding = tuple[ValueCoding, IndexCoding]
+Part = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Result:
+    """One row of the benchmark: a tensor set at one k and one coding (times in ms)."""
+
+    config: str
+    tensors: str
+    k: int
+    value_coding: str
+    index_coding: str
+    params: int
+    coefficients: int
+    wire_bytes: int
+    bits_per_coefficient: float
+    bits_per_param: float
+    ref_bits_per_coefficient: float
+    encode_ms: float
+    decode_ms: float
+    ref_encode_ms: float
+    ref_decode_ms: float
+    speedup: float
+    decode_16_over_1: float
+    kernel_encode_ms: float
+    kernel_decode_ms: float
+    ref_kernel_encode_ms: float
+    ref_kernel_decode_ms: float
+    kernel_decode_16_over_1: float
+    rel_err_vs_ref: float
+
+
+def _timed(fn: Callable[[], object], sink: list[float]) -> None:
+    t0 = time.perf_counter()
+    fn()
+    sink.append((time.perf_counter() - t0) * 1e3)
+
+
+def _med(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+class _Ours:
+    """Our full path for one tensor set at one k."""
+
+    def __init__(self, ts: TensorSet, k: int, identity: Identity) -> None:
+        self.ts, self.identity = ts, identity
+        self.ks = [min(k, lay.chunk_numel) for lay in ts.layouts]
+        self.digest = layout_digest(
+            [(n, lay.shape, lay.chunk) for n, lay in zip(ts.names, ts.layouts, strict=True)]
+        )
+        self.nk = [(lay.n_chunks, lay.chunk_numel) for lay in ts.layouts]
+
+    def kernel_encode(self) -> list[Part]:
+        return [
+            dct_topk(t, lay, k) for t, lay, k in zip(self.ts.tensors, self.ts.layouts, self.ks, strict=True)
+        ]
+
+    def encode(self, coding: Coding) -> bytes:
+        coded = [
+            encode_tensor(i, idx.numpy(), val.numpy(), lay.chunk_numel, *coding)[0]
+            for i, ((idx, val), lay) in enumerate(zip(self.kernel_encode(), self.ts.layouts, strict=True))
+        ]
+        return seal_packet(self.identity, RUN_ID, 1, self.digest, encode_payload(coded))
+
+    def kernel_decode(self, parts: Sequence[Sequence[Part]]) -> list[torch.Tensor]:
+        return [decode_sum(lay, [p[i] for p in parts]) for i, lay in enumerate(self.ts.layouts)]
+
+    def decode(self, frames: Sequence[bytes]) -> list[torch.Tensor]:
+        parts = []
+        for frame in frames:
+            pkt = open_packet(frame, run_id=RUN_ID, layout_digest=self.digest)
+            dec = decode_payload(pkt.payload, self.nk)
+            parts.append([(torch.from_numpy(d.idx), torch.from_numpy(d.val)) for d in dec])
+        return self.kernel_decode(parts)
+
+
+class _Ref:
+    """The DeMo reference for one tensor set at one k."""
+
+    def __init__(self, ts: TensorSet, k: int) -> None:
+        self.ts, self.k = ts, k
+        self.refs = [DemoReference(tuple(t.shape), ts.layouts[0].chunk) for t in ts.tensors]
+
+    def kernel_encode(self) -> list[Part]:
+        return [r.encode(t, self.k) for r, t in zip(self.refs, self.ts.tensors, strict=True)]
+
+    def encode(self) -> bytes:
+        return b"".join(DemoReference.to_bytes(i, v) for i, v in self.kernel_encode())
+
+    def kernel_decode(self, packets: Sequence[Part]) -> list[torch.Tensor]:
+        return [r.decode([p]) for r, p in zip(self.refs, packets, strict=True)]
+
+    def decode(self, data: bytes) -> list[torch.Tensor]:
+        out, pos = [], 0
+        for r in self.refs:
+            k = min(self.k, r.chunk_numel)
+            n = 12 * k * (r.shape[0] * (r.shape[1] if len(r.shape) == 2 else 1) // r.chunk_numel)
+            out.append(r.decode([r.from_bytes(data[pos : pos + n], k)]))
+            pos += n
+        return out
+
+
+def _rel_err(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
+    num = sum(float((x - y).square().sum()) for x, y in zip(a, b, strict=True))
+    den = sum(float(y.square().sum()) for y in b)
+    return (num / den) ** 0.5 if den else 0.0
+
+
+def measure(ts: TensorSet, k: int, codings: Sequence[Coding], repeats: int) -> list[Result]:
+    """Measure every coding of ``ts`` at ``k`` against the reference; one row per coding."""
+    ours, ref = _Ours(ts, k, Identity.generate()), _Ref(ts, k)
+    coefs = sum(lay.n_chunks * kk for lay, kk in zip(ts.layouts, ours.ks, strict=True))
+    frames = {c: ours.encode(c) for c in codings}
+    ref_bytes, ref_parts, our_parts = ref.encode(), ref.kernel_encode(), ours.kernel_encode()
+    t: dict[str, list[float]] = {}
+
+    def sink(key: str) -> list[float]:
+        return t.setdefault(key, [])
+
+    for _ in range(repeats):
+        # Kernels only (coefficients in, coefficients out), once per repeat.
+        _timed(ref.kernel_encode, sink("ref_kenc"))
+        _timed(ours.kernel_encode, sink("kenc"))
+        _timed(lambda: ref.kernel_decode(ref_parts), sink("ref_kdec"))
+        _timed(lambda: ours.kernel_decode([our_parts]), sink("kdec"))
+        _timed(lambda: ours.kernel_decode([our_parts] * 16), sink("kdec16"))
+        # Full paths: every coding of ours next to a fresh run of the reference.
+        for c in codings:
+            _timed(ref.encode, sink(f"ref_enc{c}"))
+            _timed(lambda c=c: ours.encode(c), sink(f"enc{c}"))  # type: ignore[misc]
+            _timed(lambda: ref.decode(ref_bytes), sink(f"ref_dec{c}"))
+            _timed(lambda c=c: ours.decode([frames[c]]), sink(f"dec{c}"))  # type: ignore[misc]
+            _timed(lambda c=c: ours.decode([frames[c]] * 16), sink(f"dec16{c}"))  # type: ignore[misc]
+    ref_dense = ref.decode(ref_bytes)
+    rows = []
+    for c in codings:
+        vc, ic = c
+        enc, dec, ref_enc, ref_dec = (_med(t[x + str(c)]) for x in ("enc", "dec", "ref_enc", "ref_dec"))
+        rows.append(
+            Result(
+                config=f"{ts.name} k={k} {vc.name.lower()}/{ic.name.lower()}",
+                tensors=ts.name,
+                k=k,
+                value_coding=vc.name.lower(),
+                index_coding=ic.name.lower(),
+                params=ts.numel,
+                coefficients=coefs,
+                wire_bytes=len(frames[c]),
+                bits_per_coefficient=8 * len(frames[c]) / coefs,
+                bits_per_param=8 * len(frames[c]) / ts.numel,
+                ref_bits_per_coefficient=8 * len(ref_bytes) / coefs,
+                encode_ms=enc,
+                decode_ms=dec,
+                ref_encode_ms=ref_enc,
+                ref_decode_ms=ref_dec,
+                speedup=(ref_enc + ref_dec) / (enc + dec),
+                decode_16_over_1=_med(t[f"dec16{c}"]) / dec,
+                kernel_encode_ms=_med(t["kenc"]),
+                kernel_decode_ms=_med(t["kdec"]),
+                ref_kernel_encode_ms=_med(t["ref_kenc"]),
+                ref_kernel_decode_ms=_med(t["ref_kdec"]),
+                kernel_decode_16_over_1=_med(t["kdec16"]) / _med(t["kdec"]),
+                rel_err_vs_ref=_rel_err(ours.decode([frames[c]]), ref_dense),
+            )
+        )
+    return rows

@@ -29,7 +29,7 @@ def test_measure_rows_on_a_small_matrix() -> None:
     ts = big_matrix(128)
     codings = [(ValueCoding.FP32, IndexCoding.FIXED), (ValueCoding.SIGN1, IndexCoding.ENTROPY)]
     rows = [dataclasses.asdict(r) for r in measure(ts, 4, codings, repeats=1)]
-    assert len(rows) == 2 and REQUIRED <= set(rows[0])
+    assert len(rows) == 2 and set(rows[0]) >= REQUIRED
     fp32, sign1 = rows
     assert fp32["coefficients"] == 4 * 4  # 4 chunks of 64 x 64, k = 4
     assert fp32["ref_bits_per_coefficient"] == 96.0  # int64 index + fp32 value

@@ -35,6 +35,9 @@ p2pd / hivemind quirks learned building this (hivemind 1.1.12, its bundled p2pd)
 - ``ControlClient.stream_open`` leaves its control socket open when p2pd refuses the stream
   (no handler, peer unreachable); the ``StreamWriter.__del__`` that follows is an unraisable
   error under pytest. ``control.open_stream`` closes it on every failure path.
+- p2pd started with ``-bootstrapPeers`` of which none answers exits at once ("failed to connect
+  to bootstrap peers"): a node cannot start alone with a stale bootstrap list (``DaemonError``;
+  the daemon retries or asks the coordinator for fresh peers).
 - ``P2P.shutdown`` waits on the child with no deadline: we SIGKILL after ``close_timeout_s``.
 - The control client has no pubsub calls; PSRequest SUBSCRIBE answers one ``Response`` and then
   streams varint-delimited ``PSMessage``s on the same connection until it is closed (closing

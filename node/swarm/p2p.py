@@ -132,6 +132,11 @@ class SwarmHost:
                 half_built._terminate()
             if isinstance(e, DaemonError | asyncio.CancelledError):
                 raise
+            if "failed to connect to bootstrap peers" in str(e):  # p2pd exits when none answers
+                raise DaemonError(
+                    f"none of the {len(config.bootstrap)} bootstrap peer(s) answered; "
+                    "check the addresses or retry when the run's peers are up"
+                ) from e
             raise DaemonError(f"p2pd failed to start: {e}") from e
         return cls(p2p, config)
 

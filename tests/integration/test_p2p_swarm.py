@@ -20,12 +20,12 @@ import pytest
 import pytest_asyncio
 
 from distronet.node.budget import Bandwidth
-from distronet.node.swarm.errors import GossipError, PullError
+from distronet.node.swarm.errors import DaemonError, GossipError, PullError
 from distronet.node.swarm.membership import MembershipConfig
 from distronet.node.swarm.p2p import SwarmConfig, SwarmHost
 from distronet.node.swarm.pull import Puller, encode_response_header
 from distronet.node.swarm.stack import Swarm
-from distronet.protocol.errors import RejectCode, Rejected
+from distronet.protocol.errors import ConfigError, RejectCode, Rejected
 from distronet.protocol.identity import Identity
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -308,3 +308,17 @@ async def test_daemon_exits_by_itself_when_its_client_is_gone() -> None:
         await eventually(exited, 10.0, "p2pd to exit on its own")
     finally:
         await host.close()
+
+
+async def test_unreachable_bootstrap_is_a_typed_error_and_leaves_no_daemon(tmp_path: Path) -> None:
+    dead = Identity.generate().peer_id_b58
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(DaemonError, match="bootstrap peer"):  # p2pd itself refuses to start
+        await start_node(tmp_path, "lonely", (f"/ip4/127.0.0.1/tcp/{free_port()}/p2p/{dead}",))
+    left = {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
+    assert left <= before
+
+
+async def test_missing_identity_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        await SwarmHost.start(SwarmConfig(identity_path=str(tmp_path / "nope.key"), nat_traversal=False))

@@ -122,3 +122,30 @@ def test_results_do_not_alias_scratch(shape: tuple[int, ...]) -> None:
     for before, now in zip(saved, (idx, val, dense, sparse, coeffs), strict=True):
         assert torch.equal(before, now)
     torch.testing.assert_close(dense, sparse, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("shape", [(200, 130), (3, 70, 64), (300,)])
+@pytest.mark.parametrize("coding", ["FP32", "SIGN1"])
+def test_wire_round_trip_with_coding(shape: tuple[int, ...], coding: str) -> None:
+    """tensor -> top-k -> coded bytes -> decoded -> dense equals what the sender expects."""
+    from distronet.kernels.coding import (
+        IndexCoding,
+        ValueCoding,
+        decode_payload,
+        encode_payload,
+        encode_tensor,
+    )
+
+    lay = plan_layout(shape, 64)
+    x = torch.randn(shape, generator=_gen(7))
+    idx, val = dct_topk(x, lay, 4)
+    vc = ValueCoding[coding]
+    enc, deq = encode_tensor(0, idx.numpy(), val.numpy(), lay.chunk_numel, vc, IndexCoding.ENTROPY)
+    (dec,) = decode_payload(encode_payload([enc]), [(lay.n_chunks, lay.chunk_numel)])
+    got = decode_sum(lay, [(torch.from_numpy(dec.idx), torch.from_numpy(dec.val))])
+    # The receiver rebuilds exactly the sender's dequantised values (error feedback relies on it).
+    torch.testing.assert_close(got, decode_sum(lay, [(idx, torch.from_numpy(deq))]), atol=0, rtol=0)
+    if vc == ValueCoding.FP32:  # lossless values: the dense top-k reconstruction, to fp32 rounding
+        c = dct_chunks(x.double(), lay)
+        keep = c.abs() >= c.abs().topk(4, dim=1).values[:, -1:]
+        torch.testing.assert_close(got.double(), idct_chunks(c * keep, lay), atol=2e-6, rtol=0)

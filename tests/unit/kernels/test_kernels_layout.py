@@ -58,3 +58,13 @@ def test_layout_is_a_function_of_shape_and_chunk() -> None:
 def test_bad_layout_raises(shape: tuple[int, ...], chunk: int) -> None:
     with pytest.raises(KernelError):
         plan_layout(shape, chunk)
+
+
+def test_public_surface_resolves() -> None:
+    import distronet.kernels as kernels
+
+    for name in kernels.__all__:
+        assert getattr(kernels, name) is not None
+    assert kernels.plan_layout is plan_layout
+    with pytest.raises(AttributeError):
+        _ = kernels.no_such_name

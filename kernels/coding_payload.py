@@ -220,8 +220,10 @@ def _read_table(
         n, cn = layouts[tid]
         vc, ic, k = classes[c]
         k = k or cn
-        if k > cn:
-            raise Rejected(RejectCode.LIMIT_EXCEEDED, f"tensor {tid}: k={k} > chunk of {cn}")
+        if k > cn or k > limits.max_k:
+            raise Rejected(
+                RejectCode.LIMIT_EXCEEDED, f"tensor {tid}: k={k} > chunk {cn} or max_k {limits.max_k}"
+            )
         total += n * k
         if total > limits.max_total_coefficients:
             raise Rejected(RejectCode.LIMIT_EXCEEDED, f"over {limits.max_total_coefficients} coefficients")

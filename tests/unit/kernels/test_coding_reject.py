@@ -97,6 +97,8 @@ def test_declared_sizes_over_limits() -> None:
     assert _code(good, max_payload_bytes=len(good) - 1) == RejectCode.TOO_LARGE
     assert _code(good, max_k=4) == RejectCode.LIMIT_EXCEEDED
     assert _code(good, max_total_coefficients=10) == RejectCode.LIMIT_EXCEEDED
+    dense = _head(1, 0x51, 0) + _bits((1, 0))  # one dense SIGN1 tensor of chunks of 4096
+    assert _code(dense + bytes(600), [(1, 4096)], max_k=64) == RejectCode.LIMIT_EXCEEDED
     assert _code(bytes([1, 4]) + good[2:]) == RejectCode.LIMIT_EXCEEDED  # more tensors than the layout
     assert _code(_head(1, 0x11, 4097) + _bits((1, 0))) == RejectCode.LIMIT_EXCEEDED  # k > chunk
     assert _code(_head(1, 0x11, 4) + _bits((4, 0b1110))) == RejectCode.LAYOUT_MISMATCH  # tensor id 3

@@ -252,7 +252,7 @@ def _read_scales(br: BitReader, scaled: Sequence[_Entry], b0: int, w: int) -> li
     out, pos = [], 0
     for e in scaled:
         mine = c[pos : pos + e.n]
-        lo, hi = e.vc.code_range()
+        lo, hi = e.vc.code_range(e.k)
         live = mine[mine != ZERO_SCALE]
         if live.size and (int(live.min()) < lo or int(live.max()) > hi):
             raise Rejected(

@@ -20,6 +20,7 @@ __all__ = [
     "Q_MAX",
     "Q_MIN",
     "SCALE_TABLE",
+    "SIGN1_FINE_K",
     "ZERO_SCALE",
     "CodedValues",
     "ValueCoding",
@@ -44,14 +45,14 @@ class ValueCoding(enum.IntEnum):
     def has_scale(self) -> bool:
         return self in (ValueCoding.INT8, ValueCoding.SIGN1)
 
-    @property
-    def scale_step(self) -> int:
-        """q = c * scale_step for a scale code c (SIGN1 scales move in half octaves)."""
-        return 4 if self == ValueCoding.SIGN1 else 1
+    def scale_step(self, k: int) -> int:
+        """q = c * scale_step(k) for a scale code c: SIGN1 at k < 16 moves in half octaves
+        (a scale there costs ~4 bits per 4-16 coefficients; its values are one bit anyway)."""
+        return 4 if self == ValueCoding.SIGN1 and k < SIGN1_FINE_K else 1
 
-    def code_range(self) -> tuple[int, int]:
+    def code_range(self, k: int) -> tuple[int, int]:
         """Smallest and largest valid scale code c: q = c * step must lie in [Q_MIN, Q_MAX]."""
-        step = self.scale_step
+        step = self.scale_step(k)
         return -(-Q_MIN // step), Q_MAX // step
 
 
@@ -63,8 +64,9 @@ SCALE_TABLE = np.array(
 #: Scale codes must lie in [Q_MIN, Q_MAX]: scales from 2**-126 (smallest normal) to 2**127.875.
 Q_MIN = -1008
 Q_MAX = 1023
-#: A chunk's scale code c gives q = c * step (step 1 for INT8, 4 for SIGN1, whose one-bit values
-#: need no finer scale); ZERO_SCALE marks a chunk whose scale is 0.0.
+#: A chunk's scale code c gives q = c * step (step 4 for SIGN1 below k = SIGN1_FINE_K, else 1);
+#: ZERO_SCALE marks a chunk whose scale is 0.0.
+SIGN1_FINE_K = 16
 ZERO_SCALE = -(1 << 30)
 _FP16_MAX = 65504.0
 _BF16_MAX_BITS = 0x7F7F
@@ -92,10 +94,10 @@ def scale_from_code(q: np.ndarray) -> np.ndarray:
     return out
 
 
-def scales_from_codes(c: np.ndarray, coding: ValueCoding) -> np.ndarray:
-    """float32 scales of codes ``c`` (ZERO_SCALE -> 0.0); the caller has checked their range."""
+def scales_from_codes(c: np.ndarray, step: int) -> np.ndarray:
+    """float32 scales of codes ``c`` (ZERO_SCALE -> 0.0) at ``step``; the caller checked their range."""
     nonzero = c != ZERO_SCALE
-    q = np.where(nonzero, c * coding.scale_step, 0)
+    q = np.where(nonzero, c * step, 0)
     out: np.ndarray = np.where(nonzero, scale_from_code(q), np.float32(0)).astype(np.float32)
     return out
 
@@ -103,8 +105,8 @@ def scales_from_codes(c: np.ndarray, coding: ValueCoding) -> np.ndarray:
 def _scale_codes(val: np.ndarray, coding: ValueCoding) -> np.ndarray:
     """Per-chunk scale code c (or ZERO_SCALE): SIGN1 from mean |v|, INT8 from max |v| / 127."""
     mag = np.abs(val.astype(np.float64))
-    step = coding.scale_step
-    lo, hi = coding.code_range()
+    step = coding.scale_step(val.shape[1])
+    lo, hi = coding.code_range(val.shape[1])
     if coding == ValueCoding.SIGN1:
         s = mag.mean(axis=1)  # the L2-optimal magnitude for sign * s
         with np.errstate(divide="ignore"):
@@ -141,7 +143,7 @@ def quantise(val: np.ndarray, coding: ValueCoding) -> tuple[CodedValues, np.ndar
         b = np.where(overflow, (b & 0x8000) | _BF16_MAX_BITS, b).astype("<u2")
         return CodedValues(b.tobytes()), (b.astype(np.uint32) << 16).view(np.float32)
     codes = _scale_codes(v, coding)
-    scale = scales_from_codes(codes, coding)
+    scale = scales_from_codes(codes, coding.scale_step(v.shape[1]))
     if coding == ValueCoding.SIGN1:
         neg = v < 0
         deq = np.where(neg, -scale[:, None], scale[:, None]).astype(np.float32)
@@ -166,7 +168,7 @@ def dequantise(coded: CodedValues, coding: ValueCoding, n_chunks: int, k: int) -
         out = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
     else:
         assert coded.scale_codes is not None
-        scale = scales_from_codes(coded.scale_codes, coding)[:, None]
+        scale = scales_from_codes(coded.scale_codes, coding.scale_step(k))[:, None]
         if coding == ValueCoding.SIGN1:
             assert coded.signs is not None
             out = np.where(coded.signs.reshape(n_chunks, k), -scale, scale).astype(np.float32)

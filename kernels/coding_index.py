@@ -3,9 +3,9 @@
 FIXED: every index in ``W = bitlen(chunk_numel - 1)`` bits (the minimal fixed width).
 ENTROPY: positions are renumbered by a per-tensor *rank map* (identity, transpose or diagonal
 order of the s x s block) so low frequencies get small ranks; each chunk's sorted ranks become
-gaps, sent with the adaptive bucket code (``coding_bucket``) whose parameters are shared by all
-tensors of one chunk size in a payload: class A (each chunk's first gap) and class B (the
-others) have their own (b0, w). A tensor whose gaps would cost more than FIXED falls back to
+gaps, sent with the adaptive bucket code or a Rice code (``coding_bucket``) whose parameters
+are shared by all tensors of one chunk size in a payload: class A (each chunk's first gap) and
+class B (the others) have their own. A tensor whose gaps would cost more than FIXED falls back to
 a fixed-width body. The byte-exact definition is docs/protocol-payload.md.
 """
 

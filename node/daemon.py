@@ -1,0 +1,318 @@
+"""The node daemon: ``await Node.create(cfg)``, ``await node.run()``, ``await node.close()``.
+
+A node's life (``NodeState``; any other transition raises ``NodeStateError``)::
+
+    CREATED → STARTING → WAITING_PEERS → TRAINING → STOPPING → CLOSED
+                 └──────────────┴────────────┴──────────→ STOPPING / CLOSED   (stop or failure)
+
+``create`` reads the run from the coordinator, loads (or makes) the identity in the data dir,
+joins with a signed challenge, starts p2pd with the coordinator's bootstrap peers, subscribes
+the exchange and builds model + ``DistroOptimizer`` over ``SwarmExchange``, resuming from the
+local checkpoint when one exists. ``run`` waits for ``min_peers``, leases a shard and trains:
+each step runs in a worker thread (torch never blocks the loop); heartbeats, peer discovery and
+the status line run beside it. A stop request (SIGINT/SIGTERM) lets the step in flight finish
+(at most ``shutdown_timeout_s``, else it is abandoned), checkpoints, and ``close`` leaves the run
+(the coordinator reissues our lease at once) and stops p2pd. Every await that crosses a process
+boundary has a deadline.
+
+Errors::
+
+    DistroError
+    └── NodeError              the node cannot go on; ``exit_code`` says which ``ExitCode``
+        └── NodeStateError     a bad state transition (a bug)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import math
+import time
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+from distronet.node import node_parts as parts
+from distronet.node.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from distronet.node.config import NodeConfig
+from distronet.node.coordinator_client import CoordinatorClient, CoordinatorRefused, CoordinatorUnreachable
+from distronet.node.exitcodes import ExitCode
+from distronet.node.metrics import NodeMetrics
+from distronet.node.optim.distro import DistroOptimizer
+from distronet.node.shards import fetch_shard, shard_tokens
+from distronet.node.status import NodeStatus, StatusFile
+from distronet.node.swarm.errors import SwarmError
+from distronet.node.swarm.exchange import AsyncSwarmExchange, SwarmExchange, manifest_topic
+from distronet.node.swarm.stack import Swarm
+from distronet.node.trainer import ModelSpec, Trainer, pick_device
+from distronet.protocol.errors import ConfigError, DistroError
+
+__all__ = ["Node", "NodeError", "NodeState", "NodeStateError"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+CALL_S = 15.0  # deadline of one call to the coordinator or p2pd
+
+
+class NodeError(DistroError):
+    """The node cannot go on. ``exit_code`` is the process exit code to use."""
+
+    def __init__(self, message: str, exit_code: ExitCode = ExitCode.ERROR) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class NodeStateError(NodeError):
+    """A transition the state machine does not allow (a bug in the caller)."""
+
+
+class NodeState(enum.Enum):
+    CREATED = "created"
+    STARTING = "starting"
+    WAITING_PEERS = "waiting_peers"
+    TRAINING = "training"
+    STOPPING = "stopping"
+    CLOSED = "closed"
+
+
+_NEXT: dict[NodeState, set[NodeState]] = {
+    NodeState.CREATED: {NodeState.STARTING, NodeState.CLOSED},
+    NodeState.STARTING: {NodeState.WAITING_PEERS, NodeState.STOPPING, NodeState.CLOSED},
+    NodeState.WAITING_PEERS: {NodeState.TRAINING, NodeState.STOPPING},
+    NodeState.TRAINING: {NodeState.STOPPING},
+    NodeState.STOPPING: {NodeState.CLOSED},
+    NodeState.CLOSED: set(),
+}
+
+
+async def deadline(aw: Awaitable[T], seconds: float, what: str, code: ExitCode = ExitCode.ERROR) -> T:
+    """Await ``aw`` for at most ``seconds``; raise ``NodeError(code)`` naming ``what`` if late."""
+    try:
+        return await asyncio.wait_for(aw, seconds)
+    except asyncio.TimeoutError:
+        raise NodeError(f"{what}: no answer within {seconds:.0f} s", code) from None
+
+
+class Node:
+    """One running node. Build with :meth:`create`; always :meth:`close` (idempotent)."""
+
+    def __init__(self, cfg: NodeConfig) -> None:
+        self.cfg = cfg
+        self.state = NodeState.CREATED
+        self.stop_requested = asyncio.Event()
+        self.abandoned = False  # a step was still running at close: exit the process hard
+        self.client: CoordinatorClient | None = None
+        self.swarm: Swarm | None = None
+        self.core: AsyncSwarmExchange | None = None
+        self.metrics = NodeMetrics()
+        self.run_info: dict[str, Any] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._tokens: Any = None  # the current shard's tokens (numpy, 1-D)
+
+    def _to(self, new: NodeState) -> None:
+        if new not in _NEXT[self.state]:
+            raise NodeStateError(f"node cannot go from {self.state.value} to {new.value}")
+        log.debug("state %s -> %s", self.state.value, new.value)
+        self.state = new
+        if hasattr(self, "status"):
+            self.status.state = new.value
+
+    # ------------------------------------------------------------------ build
+
+    @classmethod
+    async def create(cls, cfg: NodeConfig) -> Node:
+        """Build and connect every part (module docstring). On failure, what was built is closed.
+
+        Raises ``NodeError`` with the exit code to use (coordinator unreachable, refused, p2pd).
+        """
+        self = cls(cfg)
+        self._to(NodeState.STARTING)
+        try:
+            await self._build()
+        except BaseException:
+            await self.close()
+            raise
+        self._to(NodeState.WAITING_PEERS)
+        return self
+
+    async def _build(self) -> None:
+        cfg, data = self.cfg, self.cfg.data_path
+        self.identity, key_path = parts.load_identity(data)
+        self.client = CoordinatorClient(
+            cfg.coordinator, cfg.run_id, self.identity, buffer_path=data / "reports.jsonl", timeout_s=CALL_S
+        )
+        try:
+            self.run_info = await deadline(
+                self.client.get_run(), CALL_S, "coordinator", ExitCode.COORDINATOR_UNREACHABLE
+            )
+            spec = ModelSpec.from_run(self.run_info["model"])
+            dcfg = parts.optimizer_config(cfg.run_id, self.run_info["optimizer"])
+            xcfg = parts.exchange_config(self.run_info["exchange"])
+            joined = await self.client.join(join_token=cfg.join_token or None, agent="distro-node")
+        except CoordinatorUnreachable as e:
+            raise NodeError(
+                f"{e}; check --coordinator and that it is running", ExitCode.COORDINATOR_UNREACHABLE
+            ) from e
+        except CoordinatorRefused as e:
+            raise NodeError(str(e), ExitCode.REJECTED) from e
+        except ConfigError as e:
+            raise NodeError(f"the run's definition is not usable by this node: {e}", ExitCode.USAGE) from e
+        self.client.resume()
+        self.status = NodeStatus(cfg.run_id, self.identity.peer_id_b58, state=self.state.value)
+        self.status_file = StatusFile(data / "status.json")
+        self.heartbeat_s = float(joined.heartbeat_interval_s)
+        boot = parts.bootstrap_addrs(joined.bootstrap_peers, self.identity.peer_id_b58)
+        try:
+            self.swarm = await parts.start_swarm(cfg, cfg.run_id, self.identity, key_path, boot)
+            self.core = await AsyncSwarmExchange.create(self.swarm, xcfg)
+            self.maddrs = await self.swarm.host.maddrs()
+        except SwarmError as e:
+            raise NodeError(f"the libp2p daemon could not start or join: {e}", ExitCode.NETWORK) from e
+        await self.client.heartbeat(0, multiaddrs=self.maddrs)
+        self._build_training(spec, dcfg)
+
+    def _build_training(self, spec: ModelSpec, dcfg: Any) -> None:
+        cfg = self.cfg
+        import torch  # the heavy import, once the cheap checks have passed
+
+        if cfg.train.threads:
+            torch.set_num_threads(cfg.train.threads)
+        device = pick_device(cfg.train.device)
+        assert self.core is not None
+        model = spec.build(device)
+        self.exchange = SwarmExchange(self.core, asyncio.get_running_loop())
+        self.optimizer = DistroOptimizer(model.named_parameters(), dcfg, self.exchange, self.identity)
+        self.feed = parts.ShardFeed(
+            spec.seed, parts.peer_index(self.identity.peer_id), spec.batch, spec.seq_len
+        )
+        self.trainer = Trainer(model, self.optimizer, self.feed, device)
+        self.step = 0
+        self.ckpt_path = cfg.data_path / "checkpoint.pt"
+        ckpt = load_checkpoint(self.ckpt_path, run_id=cfg.run_id)
+        if ckpt is not None:
+            model.load_state_dict(ckpt.model)
+            self.optimizer.load_state_dict(ckpt.optimizer)
+            self.optimizer._t = ckpt.step  # the optimizer has no public setter for its step counter
+            self.step = ckpt.step
+            log.info("resumed from %s at step %d", self.ckpt_path, ckpt.step)
+        up, down = self.swarm.bandwidth.up.rate, self.swarm.bandwidth.down.rate  # type: ignore[union-attr]
+        self.status.up_budget, self.status.down_budget = up, down
+        self.metrics.set_budget(up, down)
+        if cfg.observe.metrics_port:
+            self.metrics.serve(cfg.observe.metrics_host, cfg.observe.metrics_port)
+
+    # ------------------------------------------------------------------ run
+
+    def request_stop(self) -> None:
+        """Finish (or abandon) the step in flight, then stop. Safe to call more than once."""
+        self.stop_requested.set()
+
+    async def run(self) -> ExitCode:
+        """Wait for peers, lease, train until stopped or ``max_steps``/``max_seconds``; ``ExitCode.OK``.
+
+        Raises ``NodeError`` when the run cannot go on (no peers in time, no shard, ...).
+        """
+        from distronet.node import node_loop
+
+        self._tasks.append(asyncio.create_task(node_loop.heartbeats(self), name="heartbeats"))
+        try:
+            await node_loop.wait_for_peers(self)
+            if self.stop_requested.is_set():
+                self._to(NodeState.STOPPING)
+                return ExitCode.OK
+            self._to(NodeState.TRAINING)
+            await node_loop.train(self)
+        finally:
+            if self.state is not NodeState.STOPPING:
+                self._to(NodeState.STOPPING)
+        return ExitCode.OK
+
+    async def live_peers(self) -> int:
+        """Other nodes in both of our gossip topics (0 when the swarm is gone)."""
+        if self.swarm is None or not self.swarm.host.alive:
+            return 0
+        a = set(await self.swarm.gossip.topic_peers(self.swarm.topic))
+        b = set(await self.swarm.gossip.topic_peers(manifest_topic(self.cfg.run_id)))
+        return len(a & b)
+
+    async def next_shard(self) -> None:
+        """Complete the current lease (if any) and lease, fetch and switch to a new shard.
+
+        Keeps training on the old shard when no new one is free. Raises ``NodeError`` when there
+        is no shard at all.
+        """
+        assert self.client is not None
+        old = self.feed.lease
+        if old is not None:
+            await deadline(self.client.complete(old), CALL_S, "complete")
+            self.status.shards_done += 1
+        try:
+            leases = await self.client.lease(1)
+        except CoordinatorUnreachable as e:
+            leases = []
+            log.warning("cannot lease a new shard now: %s", e)
+        if not leases:
+            if old is None:
+                raise NodeError("the coordinator has no shard to lease to this node", ExitCode.REJECTED)
+            self.feed.switch(old, self._tokens, self.step)  # read the old shard again
+            return
+        lease = leases[0]
+        path = await deadline(
+            fetch_shard(self.cfg.coordinator, lease, self.cfg.data_path / "shards"), 600.0, "shard download"
+        )
+        self._tokens = shard_tokens(path, self.run_info["data"]["dtype"])
+        self.feed.switch(lease, self._tokens, self.step)
+        self.status.shard = lease.shard_id
+
+    def checkpoint(self) -> None:
+        """Save model + optimizer at ``self.step`` (the next step to run). Runs on the caller's thread."""
+        model = self.trainer.model
+        save_checkpoint(
+            self.ckpt_path,
+            Checkpoint(
+                self.cfg.run_id,
+                self.step,
+                self.trainer.digest(),
+                model.state_dict(),
+                self.optimizer.state_dict(),
+            ),
+        )
+
+    # ------------------------------------------------------------------ close
+
+    async def close(self) -> None:
+        """Leave the run, stop the exchange and p2pd, stop /metrics. Never raises; idempotent."""
+        if self.state is NodeState.CLOSED:
+            return
+        if self.state is not NodeState.STOPPING and NodeState.STOPPING in _NEXT[self.state]:
+            self._to(NodeState.STOPPING)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.client.leave(), CALL_S)
+        if self.core is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.core.close(), CALL_S)
+        if self.swarm is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.swarm.close(leave=True), CALL_S)
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.client.close(), CALL_S)
+        self.metrics.close()
+        self._to(NodeState.CLOSED)
+        if hasattr(self, "status"):
+            with contextlib.suppress(OSError):
+                self.status_file.write(self.status)
+
+    @property
+    def loss(self) -> float:
+        return self.status.loss if hasattr(self, "status") else math.nan
+
+    def uptime(self, since: float) -> float:
+        return time.monotonic() - since

@@ -1,0 +1,57 @@
+"""Prometheus ``/metrics`` of one node (ARCHITECTURE.md §8), on its own registry.
+
+Names (all prefixed ``distro_node_``): ``steps_total``, ``step_seconds{phase=compute|exchange}``
+(histogram), ``bytes_total{direction=up|down}`` (as on the wire), ``budget_bytes_per_second
+{direction}``, ``budget_utilisation{direction}`` (rate over the last step / budget), ``peers_live``,
+``packets_total{result=accepted|rejected, reason}``, ``loss``, ``step``, ``drift_checks_total
+{result=equal|differs}``, ``info{peer_id, run_id, digest}``. p2pd's own libp2p metrics are on
+``--p2pd-metrics-port``.
+"""
+
+from __future__ import annotations
+
+import math
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+__all__ = ["NodeMetrics"]
+
+
+class NodeMetrics:
+    """The node's metric families. ``serve(host, port)`` starts the HTTP endpoint; ``close()`` stops it."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        p = "distro_node_"
+        self.steps = Counter(p + "steps", "training steps finished", registry=r)
+        self.step_seconds = Histogram(
+            p + "step_seconds", "time of one step by phase", ["phase"], registry=r,
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
+        )  # fmt: skip
+        self.bytes = Counter(p + "bytes", "payload bytes as on the wire", ["direction"], registry=r)
+        self.budget = Gauge(p + "budget_bytes_per_second", "bandwidth budget", ["direction"], registry=r)
+        self.utilisation = Gauge(
+            p + "budget_utilisation", "rate over the last step / budget", ["direction"], registry=r
+        )
+        self.peers = Gauge(p + "peers_live", "peers in this node's gossip mesh", registry=r)
+        self.packets = Counter(p + "packets", "packets of peers by outcome", ["result", "reason"], registry=r)
+        self.loss = Gauge(p + "loss", "training loss of the last step", registry=r)
+        self.step = Gauge(p + "step", "the last finished step", registry=r)
+        self.drift = Counter(p + "drift_checks", "parameter-hash checks", ["result"], registry=r)
+        self.info = Gauge(p + "info", "constant 1, labelled", ["peer_id", "run_id", "digest"], registry=r)
+        self._server: WSGIServer | None = None
+
+    def serve(self, host: str, port: int) -> None:
+        """Serve ``/metrics`` on ``host:port`` in a daemon thread. Raises OSError if the port is taken."""
+        self._server, _ = start_http_server(port, host, self.registry)
+
+    def set_budget(self, up: float, down: float) -> None:
+        for direction, rate in (("up", up), ("down", down)):
+            self.budget.labels(direction).set(rate if math.isfinite(rate) else -1.0)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

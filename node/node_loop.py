@@ -1,0 +1,201 @@
+"""The daemon's running loops, one function each: heartbeats + discovery, waiting for peers, training.
+
+Kept apart from ``daemon.py`` so that file stays a table of contents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from typing import TYPE_CHECKING
+
+from distronet.node.coordinator_client import CoordinatorClientError
+from distronet.node.exchange.base import ExchangeError
+from distronet.node.exitcodes import ExitCode
+from distronet.node.node_parts import bootstrap_addrs
+from distronet.node.status import StatusLine
+from distronet.node.swarm.errors import SwarmError
+from distronet.node.trainer import StepResult
+
+if TYPE_CHECKING:
+    from distronet.node.daemon import Node
+
+__all__ = ["discover", "heartbeats", "train", "wait_for_peers"]
+
+log = logging.getLogger(__name__)
+MAX_LOSSES = 2000
+
+
+async def discover(node: Node) -> int:
+    """Ask the coordinator for live peers (a fresh signed join) and dial those we are not connected to.
+
+    Returns how many dials succeeded. Never raises for an unreachable coordinator or peer.
+    """
+    from distronet.node.daemon import CALL_S
+
+    assert node.client is not None and node.swarm is not None
+    try:
+        joined = await asyncio.wait_for(
+            node.client.join(
+                join_token=node.cfg.join_token or None, multiaddrs=node.maddrs, agent="distro-node"
+            ),
+            CALL_S,
+        )
+    except (CoordinatorClientError, asyncio.TimeoutError) as e:
+        log.info("peer discovery: %s", e)
+        return 0
+    have = {p.to_base58() for p in await node.swarm.host.connected_peers()}
+    dialled = 0
+    for addr in bootstrap_addrs(joined.bootstrap_peers, node.identity.peer_id_b58):
+        if addr.rsplit("/p2p/", 1)[-1] in have:
+            continue
+        with contextlib.suppress(SwarmError):
+            await node.swarm.host.connect(addr)
+            dialled += 1
+    return dialled
+
+
+async def heartbeats(node: Node) -> None:
+    """Every heartbeat interval: report step and loss (buffered while the coordinator is down),
+    dial peers we do not know yet, refresh the peer count. Runs until cancelled."""
+    assert node.client is not None
+    period = max(0.5, min(node.heartbeat_s, 5.0))
+    while True:
+        loss = node.status.loss
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(
+                node.client.heartbeat(max(node.step, 0), loss=loss if math.isfinite(loss) else None), 15.0
+            )
+        with contextlib.suppress(Exception):
+            node.status.peers = await asyncio.wait_for(node.live_peers(), 10.0)
+            node.metrics.peers.set(node.status.peers)
+            if node.status.peers + 1 < node.cfg.train.min_peers or node.status.peers == 0:
+                await discover(node)
+        await asyncio.sleep(period)
+
+
+async def wait_for_peers(node: Node) -> None:
+    """Until ``min_peers`` nodes (this one included) share both gossip topics, dialling the
+    coordinator's peers meanwhile. Raises ``NodeError(NETWORK)`` after ``start_timeout_s``."""
+    from distronet.node.daemon import NodeError
+
+    want = node.cfg.train.min_peers - 1
+    end = time.monotonic() + node.cfg.train.start_timeout_s
+    next_dial = 0.0
+    while not node.stop_requested.is_set():
+        peers = await asyncio.wait_for(node.live_peers(), 10.0)
+        node.status.peers = peers
+        if peers >= want:
+            return
+        if time.monotonic() > end:
+            raise NodeError(
+                f"only {peers + 1} of {want + 1} nodes in the mesh after "
+                f"{node.cfg.train.start_timeout_s:.0f} s "
+                "(lower --min-peers, or check that peers can reach this node)",
+                ExitCode.NETWORK,
+            )
+        if time.monotonic() >= next_dial:
+            await discover(node)
+            next_dial = time.monotonic() + 1.0
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(node.stop_requested.wait(), 0.2)
+
+
+def _line(node: Node) -> StatusLine | None:
+    mode = node.cfg.observe.status
+    if mode == "off":
+        return None
+    return StatusLine(live=None if mode == "auto" else False, prefix=f"[{node.identity.peer_id_b58[-6:]}] ")
+
+
+async def _one_step(node: Node) -> StepResult | None:
+    """Run step ``node.step`` in a worker thread. On a stop request the step may finish within
+    ``shutdown_timeout_s``; else it is abandoned (None)."""
+    fut = asyncio.ensure_future(asyncio.to_thread(node.trainer.step, node.step))
+    stop = asyncio.ensure_future(node.stop_requested.wait())
+    try:
+        await asyncio.wait({fut, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if not fut.done():
+            done, _ = await asyncio.wait({fut}, timeout=node.cfg.shutdown_timeout_s)
+            if not done:
+                node.abandoned = True
+                log.warning(
+                    "the step in flight did not finish in %.0f s: abandoned", node.cfg.shutdown_timeout_s
+                )
+                return None
+        return fut.result()
+    finally:
+        stop.cancel()
+
+
+def _account(node: Node, res: StepResult, wall: float, up0: int, down0: int) -> None:
+    s, m, stats = node.status, node.metrics, node.exchange.stats
+    s.step, s.loss = res.step, res.loss
+    if s.first_step < 0:
+        s.first_step = res.step
+    s.losses.append(res.loss)
+    del s.losses[1 : max(1, len(s.losses) - MAX_LOSSES)]
+    s.bytes_up, s.bytes_down = stats.bytes_up, stats.bytes_down
+    s.up_bps, s.down_bps = (stats.bytes_up - up0) / wall, (stats.bytes_down - down0) / wall
+    report = node.optimizer.reports[-1] if node.optimizer.reports else None
+    if report is not None and report.step == res.step:
+        s.rounds += 1
+        s.own_accepted += int(report.own_accepted)
+        m.packets.labels("accepted", "").inc(len(report.accepted))
+        for code in report.rejected.values():
+            m.packets.labels("rejected", code.name).inc()
+    digest = node.trainer.digest()
+    s.record_digest(res.step, digest)
+    m.steps.inc()
+    m.step.set(res.step)
+    m.loss.set(res.loss)
+    m.step_seconds.labels("compute").observe(res.compute_s)
+    m.step_seconds.labels("exchange").observe(res.exchange_s)
+    m.bytes.labels("up").inc(stats.bytes_up - up0)
+    m.bytes.labels("down").inc(stats.bytes_down - down0)
+    for direction, rate, budget in (("up", s.up_bps, s.up_budget), ("down", s.down_bps, s.down_budget)):
+        m.utilisation.labels(direction).set(rate / budget if math.isfinite(budget) and budget > 0 else 0.0)
+    m.info.clear()
+    m.info.labels(s.peer_id, s.run_id, digest).set(1)
+
+
+async def train(node: Node) -> None:
+    """Train until a stop request, ``max_steps`` or ``max_seconds``; checkpoint every K steps and at
+    the end; complete each shard once it has been read through and lease the next."""
+    tc = node.cfg.train
+    line = _line(node)
+    started = time.monotonic()
+    await node.next_shard()
+    try:
+        while not node.stop_requested.is_set():
+            if tc.max_steps and node.step >= tc.max_steps:
+                break
+            if tc.max_seconds and time.monotonic() - started >= tc.max_seconds:
+                break
+            if node.feed.done(node.step):
+                await node.next_shard()
+            stats = node.exchange.stats
+            up0, down0, t0 = stats.bytes_up, stats.bytes_down, time.monotonic()
+            try:
+                res = await _one_step(node)
+            except ExchangeError as e:
+                log.warning("step %d failed in the exchange (%s); stopping", node.step, e)
+                break
+            if res is None:
+                return
+            node.step = res.step + 1
+            _account(node, res, max(time.monotonic() - t0, 1e-6), up0, down0)
+            node.status_file.write(node.status)
+            if line is not None:
+                line.show(node.status)
+            if tc.checkpoint_every and node.step % tc.checkpoint_every == 0:
+                await asyncio.to_thread(node.checkpoint)
+    finally:
+        if line is not None:
+            line.end()
+    if not node.abandoned and node.step > 0:
+        await asyncio.to_thread(node.checkpoint)
+    node.status_file.write(node.status)

@@ -1,0 +1,155 @@
+"""The parts a node is built from, each made by one function (the daemon only calls these).
+
+- :func:`load_identity`  the persistent Ed25519 libp2p key in the data dir (p2pd's key file).
+- :func:`optimizer_config` / :func:`exchange_config`  the run's ``[optimizer]`` / ``[exchange]``.
+- :func:`start_swarm`  p2pd + DHT membership + gossip, bootstrapped from the coordinator's peers.
+- :class:`ShardFeed`  batches from the leased shard; knows when a shard is done.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from distronet.node.budget import Bandwidth
+from distronet.node.config import NodeConfig
+from distronet.node.coordinator_client import Lease
+from distronet.node.data.order import BatchOrder
+from distronet.node.optim.config import DistroConfig, preset
+from distronet.node.swarm.errors import SwarmError
+from distronet.node.swarm.exchange import ExchangeConfig
+from distronet.node.swarm.membership import MembershipConfig
+from distronet.node.swarm.p2p import SwarmConfig
+from distronet.node.swarm.stack import Swarm
+from distronet.protocol.errors import ConfigError
+from distronet.protocol.identity import Identity
+
+__all__ = [
+    "ShardFeed",
+    "exchange_config",
+    "load_identity",
+    "optimizer_config",
+    "peer_index",
+    "start_swarm",
+]
+
+log = logging.getLogger(__name__)
+IDENTITY_FILE = "identity.key"
+
+
+def load_identity(data_dir: Path) -> tuple[Identity, Path]:
+    """The node's key from ``data_dir/identity.key``, generated (0600) on first use."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / IDENTITY_FILE
+    if path.exists():
+        return Identity.load(path), path
+    ident = Identity.generate()
+    ident.save(path)
+    return ident, path
+
+
+def optimizer_config(run_id: str, table: dict[str, Any]) -> DistroConfig:
+    """``[optimizer]``: ``preset`` (default ``ours_k32``) plus any ``DistroConfig`` field overrides.
+
+    ``name`` (e.g. ``"distro"``) is accepted and must be ``distro``. Raises ``ConfigError``.
+    """
+    t = dict(table)
+    name = t.pop("name", "distro")
+    if name != "distro":
+        raise ConfigError(f"this node runs only the 'distro' optimizer, the run asks for {name!r}")
+    return preset(str(t.pop("preset", "ours_k32")), run_id=run_id, **t)
+
+
+def exchange_config(table: dict[str, Any]) -> ExchangeConfig:
+    """``[exchange]``: ``strategy`` (only ``all-gather``) and ``ExchangeConfig`` timing fields."""
+    t = dict(table)
+    strategy = t.pop("strategy", "all-gather")
+    if strategy != "all-gather":
+        raise ConfigError(f"exchange strategy {strategy!r} is not built; use 'all-gather'")
+    allowed = {f.name for f in dataclasses.fields(ExchangeConfig)} - {"limits"}
+    bad = sorted(set(t) - allowed)
+    if bad:
+        raise ConfigError(f"run exchange: unknown key(s) {', '.join(bad)}")
+    values: dict[str, Any] = {k: float(v) if k.endswith("_s") else int(v) for k, v in t.items()}
+    return ExchangeConfig(**values)
+
+
+def bootstrap_addrs(peers: list[dict[str, Any]], own: str) -> tuple[str, ...]:
+    """Full multiaddrs (``…/p2p/<id>``) of the coordinator's bootstrap peers, ours left out."""
+    out: list[str] = []
+    for p in peers:
+        pid = str(p.get("peer_id", ""))
+        if not pid or pid == own:
+            continue
+        for m in p.get("multiaddrs", [])[:8]:
+            m = str(m)
+            out.append(m if "/p2p/" in m else f"{m}/p2p/{pid}")
+    return tuple(out)
+
+
+async def start_swarm(
+    cfg: NodeConfig, run_id: str, identity: Identity, key_path: Path, bootstrap: tuple[str, ...]
+) -> Swarm:
+    """p2pd with our key, joined through ``bootstrap``; alone when none is given or none answers.
+
+    Raises ``SwarmError`` (``DaemonError``, ``MembershipError``) when even a lone start fails.
+    """
+    net = cfg.net
+    metrics = f"127.0.0.1:{net.p2pd_metrics_port}" if net.p2pd_metrics_port else None
+    bw = Bandwidth.from_rates(net.up, net.down)
+    members = MembershipConfig(run_id=run_id, ttl_s=15.0, dht_wait_timeout_s=2.0)
+
+    def swarm_cfg(boot: tuple[str, ...]) -> SwarmConfig:
+        return SwarmConfig(
+            host_maddrs=tuple(m.strip() for m in net.listen.split(",") if m.strip()),
+            bootstrap=boot,
+            identity_path=str(key_path),
+            metrics_addr=metrics,
+            nat_traversal=net.nat_traversal,
+            gossip_heartbeat_s=net.gossip_heartbeat_s,
+        )
+
+    if bootstrap:
+        try:
+            return await Swarm.start(identity, swarm_cfg(bootstrap), members, bandwidth=bw)
+        except SwarmError as e:
+            log.warning("no bootstrap peer answered (%s); starting alone", e)
+    return await Swarm.start(identity, swarm_cfg(()), members, bandwidth=bw)
+
+
+def peer_index(peer_id: bytes) -> int:
+    """A stable non-negative index for the data order of this peer."""
+    return int.from_bytes(hashlib.sha256(peer_id).digest()[:4], "big") >> 1
+
+
+class ShardFeed:
+    """Batches for each step from the shard currently leased; ``done`` once it has been read through.
+
+    A shard of ``n`` tokens lasts ``max(1, n // (batch * seq_len))`` steps.
+    """
+
+    def __init__(self, seed: int, peer: int, batch: int, seq_len: int) -> None:
+        self.seed, self.peer, self.batch, self.seq_len = seed, peer, batch, seq_len
+        self.lease: Lease | None = None
+        self._order: BatchOrder | None = None
+        self._start = 0
+        self.steps_in_shard = 0
+
+    def switch(self, lease: Lease, tokens: np.ndarray, at_step: int) -> None:
+        self.lease, self._start = lease, at_step
+        self._order = BatchOrder(tokens, lease.shard_id, self.seed, self.peer, self.batch, self.seq_len)
+        self.steps_in_shard = max(1, tokens.size // (self.batch * self.seq_len))
+
+    def done(self, step: int) -> bool:
+        """True when ``step`` (the next to run) is past this shard's share of steps."""
+        return self.lease is not None and step - self._start >= self.steps_in_shard
+
+    def __call__(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        if self._order is None:
+            raise ConfigError("no shard leased yet")
+        return self._order.xy(max(0, step - self._start))

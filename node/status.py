@@ -1,0 +1,123 @@
+"""What the owner sees: a live status line, and a status file that tools and tests read.
+
+The line shows step, loss, peers, up/down rate against the budget, shard and contribution::
+
+    step 41  loss 3.912  peers 3  up 12.3 kB/s (1%)  down 25.0 kB/s (0%)  shard train-0002
+    shards done 1  own 41/41            (one line on the terminal)
+
+``StatusFile`` writes the same facts as JSON (atomically), plus the parameter digest of the
+last few steps (``digests``: step -> sha256), so replicas can be compared from outside.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+__all__ = ["NodeStatus", "StatusFile", "StatusLine", "human_rate"]
+
+KEEP_DIGESTS = 64
+
+
+@dataclasses.dataclass
+class NodeStatus:
+    """The node's current facts. Mutable; owned by the daemon."""
+
+    run_id: str
+    peer_id: str
+    state: str = "created"
+    step: int = -1
+    loss: float = math.nan
+    losses: list[float] = dataclasses.field(default_factory=list)  # first and recent, for tests
+    peers: int = 0
+    up_bps: float = 0.0
+    down_bps: float = 0.0
+    up_budget: float = math.inf
+    down_budget: float = math.inf
+    bytes_up: int = 0
+    bytes_down: int = 0
+    shard: str = ""
+    shards_done: int = 0
+    own_accepted: int = 0
+    rounds: int = 0
+    first_step: int = -1
+    digests: dict[int, str] = dataclasses.field(default_factory=dict)
+
+    def record_digest(self, step: int, digest: str) -> None:
+        self.digests[step] = digest
+        for old in sorted(self.digests)[:-KEEP_DIGESTS]:
+            del self.digests[old]
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["digests"] = {str(k): v for k, v in self.digests.items()}
+        for k in ("loss", "up_budget", "down_budget"):
+            if not math.isfinite(d[k]):
+                d[k] = None
+        d["losses"] = [x for x in d["losses"] if math.isfinite(x)]
+        return d
+
+
+def human_rate(bps: float) -> str:
+    """Bytes/s as ``12.3 kB/s``."""
+    for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if bps >= scale:
+            return f"{bps / scale:.1f} {unit}"
+    return f"{bps:.0f} B/s"
+
+
+def _pct(rate: float, budget: float) -> str:
+    return "" if not math.isfinite(budget) or budget <= 0 else f" ({100 * rate / budget:.0f}%)"
+
+
+class StatusLine:
+    """Renders ``NodeStatus`` on one terminal line (``live``: redrawn with ``\\r``) or one line per call."""
+
+    def __init__(self, out: TextIO | None = None, *, live: bool | None = None, prefix: str = "") -> None:
+        self.out = out or sys.stderr
+        self.live = self.out.isatty() if live is None else live
+        self.prefix = prefix
+
+    @staticmethod
+    def render(s: NodeStatus) -> str:
+        return (
+            f"step {s.step}  loss {s.loss:.3f}  peers {s.peers}  "
+            f"up {human_rate(s.up_bps)}{_pct(s.up_bps, s.up_budget)}  "
+            f"down {human_rate(s.down_bps)}{_pct(s.down_bps, s.down_budget)}  "
+            f"shard {s.shard or '-'}  shards done {s.shards_done}  own {s.own_accepted}/{s.rounds}"
+        )
+
+    def show(self, s: NodeStatus) -> None:
+        text = self.prefix + self.render(s)
+        if self.live:
+            self.out.write("\r\x1b[2K" + text)
+        else:
+            self.out.write(text + "\n")
+        self.out.flush()
+
+    def end(self) -> None:
+        if self.live:
+            self.out.write("\n")
+            self.out.flush()
+
+
+class StatusFile:
+    """``status.json`` in the data dir, replaced atomically on every ``write``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def write(self, s: NodeStatus) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(s.to_json(), separators=(",", ":")))
+        os.replace(tmp, self.path)
+
+    @staticmethod
+    def read(path: Path) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads(path.read_text())
+        return doc

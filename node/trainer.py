@@ -1,0 +1,129 @@
+"""The single-node training loop: batch → forward/backward → optimizer step. It knows no peers.
+
+The trainer owns a model, an optimizer and a batch source. ``step()`` runs one training step and
+returns what happened; the optimizer it is given decides what a step means (``DistroOptimizer``
+publishes and collects through its exchange inside ``step()``). It is synchronous and meant to
+run in a worker thread, off the daemon's event loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from distronet.node.models.gpt import GPT, GPTConfig
+from distronet.protocol.errors import ConfigError
+
+__all__ = ["ModelSpec", "StepResult", "Trainer", "param_digest", "pick_device"]
+
+BatchSource = Callable[[int], tuple[np.ndarray, np.ndarray]]
+"""``batches(step) -> (x, y)``, each ``(batch, seq_len)`` int64."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """The run's model as the coordinator hands it out (``[model]`` of the run file).
+
+    ``arch`` must be ``"gpt"``; ``gpt`` are :class:`GPTConfig` fields; ``seed`` gives every
+    replica the same initial weights; ``batch`` × ``seq_len`` tokens per step and node.
+    """
+
+    gpt: GPTConfig
+    seed: int = 0
+    batch: int = 8
+    seq_len: int = 64
+
+    @classmethod
+    def from_run(cls, model: dict[str, Any]) -> ModelSpec:
+        """Parse the run's ``model`` table. Raises ``ConfigError`` naming a bad or unknown key."""
+        if model.get("arch", "gpt") != "gpt":
+            raise ConfigError(f"this node trains only arch = 'gpt', the run asks for {model.get('arch')!r}")
+        gpt_fields = {f.name for f in dataclasses.fields(GPTConfig)}
+        own = {"arch", "seed", "batch", "seq_len", "preset"}
+        unknown = sorted(set(model) - gpt_fields - own)
+        if unknown:
+            raise ConfigError(f"run model: unknown key(s) {', '.join(unknown)}")
+        try:
+            gpt = GPTConfig(**{k: v for k, v in model.items() if k in gpt_fields})
+            spec = cls(
+                gpt, int(model.get("seed", 0)), int(model.get("batch", 8)), int(model.get("seq_len", 64))
+            )
+        except TypeError as e:
+            raise ConfigError(f"run model: {e}") from e
+        if not 1 <= spec.seq_len <= gpt.context or not 1 <= spec.batch <= 4096:
+            raise ConfigError(f"run model: need 1 <= seq_len <= context and 1 <= batch <= 4096, got {spec}")
+        return spec
+
+    def build(self, device: torch.device) -> GPT:
+        return GPT(self.gpt, seed=self.seed).to(device)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    """One finished step: its index, training loss and wall-clock split in seconds."""
+
+    step: int
+    loss: float
+    compute_s: float
+    exchange_s: float
+
+
+def pick_device(name: str) -> torch.device:
+    """``auto`` picks CUDA, then MPS, then CPU. Raises ``ConfigError`` for one that is absent."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is visible to torch")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("--device mps: MPS is not available on this machine")
+    return torch.device(name)
+
+
+def param_digest(model: nn.Module) -> str:
+    """SHA-256 over every parameter's bytes in order: equal digests = bit-identical replicas."""
+    h = hashlib.sha256()
+    for _, p in model.named_parameters():
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+class Trainer:
+    """Runs steps of ``model`` with ``optimizer`` on ``batches``. Not thread-safe: one caller.
+
+    ``optimizer`` is any ``torch.optim.Optimizer``; with a ``DistroOptimizer`` the ``step`` call
+    blocks on the exchange (that time is reported as ``exchange_s``).
+    """
+
+    def __init__(
+        self, model: GPT, optimizer: torch.optim.Optimizer, batches: BatchSource, device: torch.device
+    ) -> None:
+        self.model, self.optimizer, self.batches, self.device = model, optimizer, batches, device
+
+    def step(self, step: int) -> StepResult:
+        """Train on the batch of ``step``. Raises what the optimizer raises (e.g. ``PeerDead``)."""
+        t0 = time.perf_counter()
+        x, y = self.batches(step)
+        xt = torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
+        yt = torch.from_numpy(np.ascontiguousarray(y)).to(self.device)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.model.loss(xt, yt)
+        loss.backward()
+        value = float(loss.detach())
+        t1 = time.perf_counter()
+        self.optimizer.step()
+        t2 = time.perf_counter()
+        return StepResult(step, value, t1 - t0, t2 - t1)
+
+    def digest(self) -> str:
+        return param_digest(self.model)

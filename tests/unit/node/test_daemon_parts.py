@@ -1,0 +1,82 @@
+"""Daemon parts without processes: state machine, run-table parsing, checkpoint round trip, status."""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from distronet.node.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+from distronet.node.config import NodeConfig
+from distronet.node.daemon import Node, NodeState, NodeStateError
+from distronet.node.node_parts import bootstrap_addrs, exchange_config, optimizer_config
+from distronet.node.status import NodeStatus, StatusLine
+from distronet.node.trainer import ModelSpec, param_digest
+from distronet.protocol.errors import ConfigError
+
+
+async def test_bad_state_transitions_raise() -> None:
+    node = Node(NodeConfig(run_id="r", coordinator="http://127.0.0.1:9"))
+    with pytest.raises(NodeStateError, match="created to training"):
+        node._to(NodeState.TRAINING)
+    node._to(NodeState.STARTING)
+    await node.close()
+    assert node.state is NodeState.CLOSED
+    with pytest.raises(NodeStateError):
+        node._to(NodeState.STARTING)
+
+
+def test_run_tables_parse_and_refuse_unknowns() -> None:
+    spec = ModelSpec.from_run(
+        {"arch": "gpt", "depth": 1, "width": 32, "heads": 2, "context": 16, "batch": 2, "seq_len": 16}
+    )
+    assert spec.gpt.depth == 1 and spec.seq_len == 16
+    with pytest.raises(ConfigError, match="wdith"):
+        ModelSpec.from_run({"wdith": 3})
+    with pytest.raises(ConfigError, match="seq_len"):
+        ModelSpec.from_run({"context": 8, "seq_len": 16})
+    assert optimizer_config("r", {"name": "distro", "preset": "psyche", "lr": 0.01}).lr == 0.01
+    with pytest.raises(ConfigError):
+        optimizer_config("r", {"name": "adam"})
+    assert exchange_config({"strategy": "all-gather", "round_deadline_s": 2}).round_deadline_s == 2.0
+    with pytest.raises(ConfigError, match="butterfly"):
+        exchange_config({"strategy": "butterfly"})
+
+
+def test_bootstrap_addrs_append_peer_id_and_skip_self() -> None:
+    peers = [{"peer_id": "A", "multiaddrs": ["/ip4/1.2.3.4/tcp/1"]}, {"peer_id": "ME", "multiaddrs": ["/x"]}]
+    assert bootstrap_addrs(peers, "ME") == ("/ip4/1.2.3.4/tcp/1/p2p/A",)
+
+
+def test_checkpoint_round_trip_and_wrong_run(tmp_path: Path) -> None:
+    spec = ModelSpec.from_run({"depth": 1, "width": 32, "heads": 2, "context": 16, "seq_len": 16})
+    model = spec.build(torch.device("cpu"))
+    path = tmp_path / "ck.pt"
+    save_checkpoint(
+        path, Checkpoint("r", 5, param_digest(model), model.state_dict(), {"state": {}, "param_groups": []})
+    )
+    ck = load_checkpoint(path, run_id="r")
+    assert ck is not None and ck.step == 5
+    other = ModelSpec.from_run(
+        {"depth": 1, "width": 32, "heads": 2, "context": 16, "seq_len": 16, "seed": 9}
+    ).build(torch.device("cpu"))
+    other.load_state_dict(ck.model)
+    assert param_digest(other) == ck.digest
+    with pytest.raises(CheckpointError, match="belongs to run"):
+        load_checkpoint(path, run_id="other")
+    path.write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="unreadable"):
+        load_checkpoint(path, run_id="r")
+    assert load_checkpoint(tmp_path / "none.pt", run_id="r") is None
+
+
+def test_status_line_shows_rates_against_budget() -> None:
+    s = NodeStatus("r", "peer", step=3, loss=2.5, peers=2, up_bps=125_000, up_budget=1_250_000, shard="s1")
+    out = io.StringIO()
+    StatusLine(out, live=False).show(s)
+    text = out.getvalue()
+    assert "step 3" in text and "loss 2.500" in text and "(10%)" in text and "shard s1" in text
+    assert s.to_json()["down_budget"] is None and math.isinf(s.down_budget)

@@ -37,6 +37,7 @@ from distronet.kernels.coding import (
     encode_payload,
     encode_tensor,
 )
+from distronet.kernels.coding_bits import pack_bits
 from distronet.protocol.errors import RejectCode, Rejected
 from distronet.protocol.framing import MessageKind, decode_frame, encode_frame
 from distronet.protocol.identity import Identity
@@ -81,34 +82,18 @@ def valid_payload(
     return encode_payload(tensors)
 
 
-def _tensor2(idx: list[list[int]], values: list[float]) -> bytes:
-    val = np.array(values, dtype=np.float32).reshape(4, -1)
-    t, _ = encode_tensor(2, np.array(idx), val, 48, ValueCoding.FP32, IndexCoding.FIXED)
-    return encode_payload([t])
-
-
 def handmade_payload(k: int, idx: list[list[int]], values: list[float]) -> bytes:
     """Tensor 2 (4 chunks of 48) with FIXED indices and FP32 values exactly as given, unchecked.
 
-    The encoder refuses bad indices and values, so this writes them into an honest payload:
-    FIXED indices are 6-bit fields, MSB first (docs/protocol-payload.md); FP32 values are
-    little-endian float32. Where the two sections start is found by encoding probes that differ
-    only in their first index or first value, so the test follows the payload framing as it is.
+    The encoder refuses bad indices and values, so this writes the payload by hand, following
+    docs/protocol-payload.md: header (version 1, one tensor, one class, codings FP32|FIXED, k),
+    then the bit stream (tensor id 2 as a 3-bit unary code, then 6-bit indices, MSB first), then
+    the little-endian float32 values.
     """
-    first_idx = [[2 * c, 2 * c + 1, *list(range(40, 40 + k - 2))] for c in range(4)]
-    ones = [1.0] * (4 * k)
-    base = _tensor2(first_idx, ones)
-    idx_probe = _tensor2([[32 + j for j in range(k)], *first_idx[1:]], ones)
-    val_probe = _tensor2(first_idx, [float(np.nextafter(np.float32(1), np.float32(2))), *ones[1:]])
-    i0 = next(i for i, (a, b) in enumerate(zip(base, idx_probe, strict=True)) if a != b)
-    v0 = next(i for i, (a, b) in enumerate(zip(base, val_probe, strict=True)) if a != b)
-    bits = 0
-    for i in (i for row in idx for i in row):
-        bits = (bits << 6) | i
-    nbits = 6 * 4 * k
-    section = (bits << (-nbits % 8)).to_bytes((nbits + 7) // 8, "big")
-    vals = np.array(values, dtype="<f4").tobytes()
-    return base[:i0] + section + base[i0 + len(section) : v0] + vals + base[v0 + len(vals) :]
+    head = bytes([1, 1, 1, ValueCoding.FP32 << 4 | IndexCoding.FIXED, k])
+    fields = [(3, 0b110)] + [(6, i) for row in idx for i in row]
+    bits = pack_bits(np.array([v for _, v in fields]), np.array([w for w, _ in fields]))
+    return head + bits + np.array(values, dtype="<f4").tobytes()
 
 
 # --- explicit cases -----------------------------------------------------------------------------

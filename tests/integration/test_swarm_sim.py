@@ -62,6 +62,7 @@ def test_peer_death_others_continue_identically() -> None:
     assert _tail(res, 14) < 0.8 * res.mean_loss(0)
 
 
+@pytest.mark.slow
 def test_overlap_close_to_plain() -> None:
     plain = run_swarm(_factory, _batches, preset("ours_k32", lr=3e-3, warmup_steps=0), 2, 30, loss_fn=_mse)
     lapped = run_swarm(

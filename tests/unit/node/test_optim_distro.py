@@ -115,6 +115,7 @@ def test_update_rules_have_unit_rms() -> None:
     assert float(sv.max()) < 1.3 and float(sv.min()) > 0.5  # roughly orthogonal
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["demo_reference", "ours_k4_1bit"])
 def test_reduces_loss_on_small_problem(name: str) -> None:
     torch.manual_seed(0)

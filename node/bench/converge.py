@@ -20,6 +20,7 @@ import multiprocessing
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
+from typing import Any
 
 from distronet.node.bench.converge_rows import ROWS, RowSpec, default_lrs, resolve_rows, write_defaults
 from distronet.node.bench.converge_train import (
@@ -36,16 +37,26 @@ from distronet.protocol.errors import DistroError
 __all__ = ["add_parser", "format_table", "run_jobs"]
 
 Job = tuple[str, float]
+Overrides = dict[str, dict[str, Any]]
 
 
-def _work(name: str, lr: float, setting: BenchSetting, threads: int) -> RowResult:
-    return run_row(ROWS[name], lr, setting, threads=threads)
+def _work(name: str, lr: float, setting: BenchSetting, threads: int, overrides: Overrides) -> RowResult:
+    return run_row(ROWS[name], lr, setting, threads=threads, overrides=overrides.get(name))
 
 
 def run_jobs(
-    jobs: Sequence[Job], setting: BenchSetting, workers: int, threads: int, quiet: bool
+    jobs: Sequence[Job],
+    setting: BenchSetting,
+    workers: int,
+    threads: int,
+    quiet: bool,
+    overrides: Overrides | None = None,
 ) -> list[RowResult]:
-    """Run (row, lr) jobs, ``workers`` at a time in child processes (1: in this process), in job order."""
+    """Run (row, lr) jobs, ``workers`` at a time in child processes (1: in this process), in job order.
+
+    ``overrides`` maps a row name to preset fields to change (``--set``).
+    """
+    overrides = overrides or {}
     results: dict[int, RowResult] = {}
 
     def done(i: int, r: RowResult) -> None:
@@ -60,11 +71,14 @@ def run_jobs(
 
     if workers <= 1:
         for i, (name, lr) in enumerate(jobs):
-            done(i, _work(name, lr, setting, threads))
+            done(i, _work(name, lr, setting, threads, overrides))
     else:
         ctx = multiprocessing.get_context("spawn")  # no fork: torch's thread pools do not survive one
         with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-            futures = {pool.submit(_work, name, lr, setting, threads): i for i, (name, lr) in enumerate(jobs)}
+            futures = {
+                pool.submit(_work, name, lr, setting, threads, overrides): i
+                for i, (name, lr) in enumerate(jobs)
+            }
             for fut, i in futures.items():
                 done(i, fut.result())
     return [results[i] for i in range(len(jobs))]
@@ -85,8 +99,11 @@ def format_table(rows: Sequence[RowResult], setting: BenchSetting) -> str:
     ]
     for r in rows:
         rel = f"{r.val_loss / base:.3f}x" if base else "-"
+        label = r.config + (
+            " [" + ", ".join(f"{k}={v}" for k, v in r.overrides.items()) + "]" if r.overrides else ""
+        )
         lines.append(
-            f"| {r.config} | {r.lr:g} | {r.val_loss:.4f} | {rel} | {r.upload_bytes_per_step:,.0f} | "
+            f"| {label} | {r.lr:g} | {r.val_loss:.4f} | {rel} | {r.upload_bytes_per_step:,.0f} | "
             f"{r.compression_vs_ring_allreduce:,.1f} | {'yes' if r.replicas_identical else 'NO'} "
             f"| {r.seconds:.0f} |"
         )
@@ -126,11 +143,28 @@ def _lr_overrides(items: Sequence[str]) -> dict[str, float]:
     return out
 
 
+def _field_overrides(items: Sequence[str]) -> Overrides:
+    """``ROW.FIELD=VALUE`` items → {row: {field: value}}; VALUE is JSON where it parses, else a string."""
+    out: Overrides = {}
+    for item in items:
+        key, eq, raw = item.partition("=")
+        row, dot, fld = key.partition(".")
+        if not (eq and dot and row in ROWS and fld) or ROWS[row].kind != "distro":
+            raise DistroError(f"--set wants DISTRO_ROW.FIELD=VALUE, got {item!r}")
+        try:
+            value: Any = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        out.setdefault(row, {})[fld] = value
+    return out
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
         setting = _setting(args)
         specs: list[RowSpec] = resolve_rows(args.configs)
         lrs = {**default_lrs(), **_lr_overrides(args.lr)}
+        overrides = _field_overrides(args.set)
     except DistroError as exc:
         print(f"distro-node bench converge: {exc}", file=sys.stderr)
         return int(ExitCode.USAGE)
@@ -139,7 +173,7 @@ def _run(args: argparse.Namespace) -> int:
     else:
         jobs = [(s.name, lrs[s.name]) for s in specs]
     workers = max(1, min(args.jobs, len(jobs)))
-    results = run_jobs(jobs, setting, workers, args.threads, quiet=args.json)
+    results = run_jobs(jobs, setting, workers, args.threads, quiet=args.json, overrides=overrides)
     rows = results
     if args.sweep:
         winners = {
@@ -173,6 +207,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seq-len", type=int, default=0, help="tokens per window (default 128; --quick 64)")
     p.add_argument("--configs", nargs="+", metavar="NAME", help=f"rows to run (known: {', '.join(ROWS)})")
     p.add_argument("--lr", nargs="*", default=[], metavar="NAME=LR", help="override a row's learning rate")
+    p.add_argument(
+        "--set", nargs="*", default=[], metavar="ROW.FIELD=VALUE", help="change a distro row's preset field"
+    )
     p.add_argument("--sweep", action="store_true", help="run each row's lr grid and record the winners")
     p.add_argument("--quick", action="store_true", help="tiny model, few steps (CI smoke run, < 2 minutes)")
     p.add_argument("--json", action="store_true", help="print a JSON list of row objects")

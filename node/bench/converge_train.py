@@ -30,6 +30,7 @@ from distronet.node.bench.converge_rows import RowSpec
 from distronet.node.data.corpus import load_builtin_corpus
 from distronet.node.data.order import BatchOrder, validation_windows, windows_to_xy
 from distronet.node.models.gpt import GPT, GPTConfig
+from distronet.protocol.errors import ConfigError
 
 __all__ = [
     "QUICK",
@@ -121,6 +122,7 @@ class RowResult:
     replicas_identical: bool
     parameters: int
     summary: str
+    overrides: dict[str, Any] = field(default_factory=dict)  # preset fields changed with --set
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -195,7 +197,9 @@ def _adamw(spec: RowSpec, lr: float, s: BenchSetting, data: BenchData) -> RowRes
     )
 
 
-def _distro(spec: RowSpec, lr: float, s: BenchSetting, data: BenchData) -> RowResult:
+def _distro(
+    spec: RowSpec, lr: float, s: BenchSetting, data: BenchData, overrides: dict[str, Any]
+) -> RowResult:
     from distronet.node.optim.config import preset
     from distronet.node.swarm_sim import param_digest, run_swarm
 
@@ -203,6 +207,7 @@ def _distro(spec: RowSpec, lr: float, s: BenchSetting, data: BenchData) -> RowRe
     t0 = time.perf_counter()
     cfg = preset(
         spec.preset,
+        **overrides,
         lr=lr,
         warmup_steps=s.warmup_steps,
         total_steps=s.steps,
@@ -221,19 +226,27 @@ def _distro(spec: RowSpec, lr: float, s: BenchSetting, data: BenchData) -> RowRe
     mean_losses = [res.mean_loss(t) for t in range(s.steps)]
     return RowResult(
         spec.name, lr, val, _tail_mean(mean_losses), upload, upload / ring, ring / upload,
-        time.perf_counter() - t0, len(digests) == 1, n, spec.summary,
+        time.perf_counter() - t0, len(digests) == 1, n, spec.summary, dict(overrides),
     )  # fmt: skip
 
 
 def run_row(
-    spec: RowSpec, lr: float, s: BenchSetting, data: BenchData | None = None, threads: int = 1
+    spec: RowSpec,
+    lr: float,
+    s: BenchSetting,
+    data: BenchData | None = None,
+    threads: int = 1,
+    overrides: dict[str, Any] | None = None,
 ) -> RowResult:
     """Train ``spec`` at peak ``lr`` under ``s`` and score it.
 
+    ``overrides`` change fields of a distro row's preset (``ConfigError`` for an AdamW row).
     Costs ``s.peers·s.steps`` forward/backward passes of ``s.batch`` windows, plus the optimizer.
     """
     torch.set_num_threads(threads)
     data = data if data is not None else make_data(s)
     if spec.kind == "adamw":
+        if overrides:
+            raise ConfigError("the adamw row takes no preset overrides")
         return _adamw(spec, lr, s, data)
-    return _distro(spec, lr, s, data)
+    return _distro(spec, lr, s, data, overrides or {})

@@ -56,3 +56,14 @@ def test_adamw_row_is_deterministic_and_learns() -> None:
     assert a.val_loss == b.val_loss
     assert a.val_loss < torch.log(torch.tensor(256.0)).item()
     assert a.upload_bytes_per_step == ring_allreduce_bytes(a.parameters, 2)
+
+
+def test_set_overrides_parse_json_values_and_refuse_adamw() -> None:
+    from distronet.node.bench.converge import _field_overrides
+    from distronet.protocol.errors import DistroError
+
+    got = _field_overrides(["ours-k32.update=ortho", "ours-k32.k=16", "demo-ref.beta=0.9"])
+    assert got == {"ours-k32": {"update": "ortho", "k": 16}, "demo-ref": {"beta": 0.9}}
+    for bad in ("adamw.lr=1", "ours-k32=3", "nope.k=1"):
+        with pytest.raises(DistroError):
+            _field_overrides([bad])

@@ -45,6 +45,8 @@ from distronet.node.status import NodeStatus, StatusFile
 from distronet.node.swarm.errors import SwarmError
 from distronet.node.swarm.exchange import AsyncSwarmExchange, SwarmExchange, manifest_topic
 from distronet.node.swarm.stack import Swarm
+from distronet.node.swarm.statesync import StateDonor, fetch_state
+from distronet.node.sync import load_state_blob, state_blob
 from distronet.node.trainer import ModelSpec, Trainer, pick_device
 from distronet.protocol.errors import ConfigError, DistroError
 
@@ -105,6 +107,7 @@ class Node:
         self.client: CoordinatorClient | None = None
         self.swarm: Swarm | None = None
         self.core: AsyncSwarmExchange | None = None
+        self.donor: StateDonor | None = None
         self.metrics = NodeMetrics()
         self.run_info: dict[str, Any] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -166,6 +169,9 @@ class Node:
         try:
             self.swarm = await parts.start_swarm(cfg, cfg.run_id, self.identity, key_path, boot)
             self.core = await AsyncSwarmExchange.create(self.swarm, xcfg)
+            self.donor = await deadline(
+                StateDonor.create(self.swarm), CALL_S, "state donor", ExitCode.NETWORK
+            )
             self.maddrs = await self.swarm.host.maddrs()
         except SwarmError as e:
             raise NodeError(f"the libp2p daemon could not start or join: {e}", ExitCode.NETWORK) from e
@@ -186,6 +192,7 @@ class Node:
         self.feed = parts.ShardFeed(
             spec.seed, parts.peer_index(self.identity.peer_id), spec.batch, spec.seq_len
         )
+        self.dcfg = dcfg
         self.trainer = Trainer(model, self.optimizer, self.feed, device)
         self.step = 0
         self.ckpt_path = cfg.data_path / "checkpoint.pt"
@@ -196,6 +203,8 @@ class Node:
             self.optimizer._t = ckpt.step  # the optimizer has no public setter for its step counter
             self.step = ckpt.step
             log.info("resumed from %s at step %d", self.ckpt_path, ckpt.step)
+        assert self.donor is not None
+        self.donor.offer(self.step, state_blob(self.step, model))
         up, down = self.swarm.bandwidth.up.rate, self.swarm.bandwidth.down.rate  # type: ignore[union-attr]
         self.status.up_budget, self.status.down_budget = up, down
         self.metrics.set_budget(up, down)
@@ -221,6 +230,8 @@ class Node:
             if self.stop_requested.is_set():
                 self._to(NodeState.STOPPING)
                 return ExitCode.OK
+            if self.status.peers:  # a newcomer to a running swarm starts from its current state
+                await self.catch_up(newer_than=self.step, timeout=30.0)
             self._to(NodeState.TRAINING)
             await node_loop.train(self)
         finally:
@@ -265,6 +276,41 @@ class Node:
         self.feed.switch(lease, self._tokens, self.step)
         self.status.shard = lease.shard_id
 
+    async def offer_state(self) -> None:
+        """Offer our parameters at ``self.step`` to newcomers and resyncing peers."""
+        blob = await asyncio.to_thread(state_blob, self.step, self.trainer.model)
+        if self.donor is not None:
+            self.donor.offer(self.step, blob)
+
+    async def catch_up(self, *, newer_than: int, timeout: float) -> bool:
+        """Adopt the newest state the peers agree on if its step is > ``newer_than``; True if adopted.
+
+        Momentum restarts at zero (ARCHITECTURE.md §5). Raises nothing for a swarm that has no
+        newer state; ``ExchangeError``-free: the exchange is reused as it is.
+        """
+        assert self.swarm is not None
+        donors = list(set(await self.swarm.gossip.topic_peers(self.swarm.topic)))
+        if not donors:
+            return False
+        try:
+            manifest, blob = await fetch_state(self.swarm, donors, timeout=timeout, per_donor=2)
+        except (SwarmError, asyncio.TimeoutError) as e:
+            log.info("no state to catch up from: %s", e)
+            return False
+        if manifest.step <= newer_than:
+            return False
+        model = self.trainer.model
+        step = await asyncio.to_thread(load_state_blob, blob, model)
+        self.optimizer = DistroOptimizer(model.named_parameters(), self.dcfg, self.exchange, self.identity)
+        self.optimizer._t = step  # no public setter for the optimizer's step counter
+        self.trainer.optimizer = self.optimizer
+        log.info("caught up: adopted the swarm's state at step %d (was at %d)", step, self.step)
+        self.step = step
+        self.status.resyncs += 1
+        if self.donor is not None:
+            self.donor.offer(self.step, blob)
+        return True
+
     def checkpoint(self) -> None:
         """Save model + optimizer at ``self.step`` (the next step to run). Runs on the caller's thread."""
         model = self.trainer.model
@@ -298,6 +344,9 @@ class Node:
         if self.core is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.core.close(), CALL_S)
+        if self.donor is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.donor.close(), CALL_S)
         if self.swarm is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.swarm.close(leave=True), CALL_S)

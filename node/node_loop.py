@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 from distronet.node.coordinator_client import CoordinatorClientError
-from distronet.node.exchange.base import ExchangeError
+from distronet.node.exchange.base import ExchangeError, PeerDead
 from distronet.node.exitcodes import ExitCode
 from distronet.node.node_parts import bootstrap_addrs
 from distronet.node.status import StatusLine
@@ -162,6 +162,24 @@ def _account(node: Node, res: StepResult, wall: float, up0: int, down0: int) -> 
     m.info.labels(s.peer_id, s.run_id, digest).set(1)
 
 
+async def _resync(node: Node, err: Exception) -> None:
+    """After a failed round our parameters may differ from the swarm's: adopt the swarm's newer
+    state. Raises ``NodeError(NETWORK)`` when none comes within ``shutdown_timeout_s``."""
+    from distronet.node.daemon import NodeError
+
+    log.warning("step %d failed in the exchange (%s); resyncing from peers", node.step, err)
+    end = time.monotonic() + node.cfg.shutdown_timeout_s
+    while time.monotonic() < end and not node.stop_requested.is_set():
+        if await node.catch_up(newer_than=node.step, timeout=max(1.0, end - time.monotonic())):
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(node.stop_requested.wait(), 0.5)
+    if not node.stop_requested.is_set():
+        raise NodeError(
+            f"step {node.step} failed and no peer offered a newer state to resync from", ExitCode.NETWORK
+        )
+
+
 async def train(node: Node) -> None:
     """Train until a stop request, ``max_steps`` or ``max_seconds``; checkpoint every K steps and at
     the end; complete each shard once it has been read through and lease the next."""
@@ -181,13 +199,16 @@ async def train(node: Node) -> None:
             up0, down0, t0 = stats.bytes_up, stats.bytes_down, time.monotonic()
             try:
                 res = await _one_step(node)
-            except ExchangeError as e:
-                log.warning("step %d failed in the exchange (%s); stopping", node.step, e)
+            except PeerDead:
                 break
+            except ExchangeError as e:
+                await _resync(node, e)
+                continue
             if res is None:
                 return
             node.step = res.step + 1
             _account(node, res, max(time.monotonic() - t0, 1e-6), up0, down0)
+            await node.offer_state()
             node.status_file.write(node.status)
             if line is not None:
                 line.show(node.status)

@@ -46,6 +46,7 @@ class NodeStatus:
     own_accepted: int = 0
     rounds: int = 0
     first_step: int = -1
+    resyncs: int = 0  # times this node adopted the swarm's state (newcomer catch-up, failed round)
     digests: dict[int, str] = dataclasses.field(default_factory=dict)
 
     def record_digest(self, step: int, digest: str) -> None:

@@ -38,6 +38,7 @@ __all__ = [
     "forward_spatial",
     "idct_chunks",
     "idct_spatial",
+    "index_tables",
     "spatial_from_chunks",
     "spatial_index",
     "work_dtype",
@@ -166,7 +167,7 @@ def spatial_from_chunks(c: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=256)
-def _index_tables(layout: ChunkLayout, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def index_tables(layout: ChunkLayout, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """``(base (n_chunks, 1), local (chunk_numel,))``: spatial position = base[n] + local[i]."""
     n = torch.arange(layout.n_chunks, device=device)
     i = torch.arange(layout.chunk_numel, device=device)
@@ -179,7 +180,7 @@ def _index_tables(layout: ChunkLayout, device: torch.device) -> tuple[torch.Tens
 
 def spatial_index(idx: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
     """Flat spatial-order positions of chunk-order indices ``idx`` ``(n_chunks, k)`` (int64)."""
-    base, local = _index_tables(layout, idx.device)
+    base, local = index_tables(layout, idx.device)
     return base + local[idx]
 
 

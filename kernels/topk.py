@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from distronet.kernels.dct import forward_spatial, spatial_index, work_dtype
+from distronet.kernels.dct import forward_spatial, index_tables, spatial_index, work_dtype
 from distronet.kernels.layout import ChunkLayout
 from distronet.kernels.workspace import scratch
 from distronet.protocol.errors import KernelError
@@ -67,7 +67,9 @@ def _segment_tables(
     return base.unsqueeze(1), (s // nb) * (gc * nb) + s % nb
 
 
-def _two_stage(y5: torch.Tensor, k: int, g: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _two_stage(
+    y5: torch.Tensor, k: int, g: int, chunk_tables: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k of ``|y|`` per chunk of spatial coefficients ``y5`` ``(B, gr, br, gc, bc)`` (contiguous).
 
     Stage 1 keeps the ``k`` segments (runs of ``g`` along ``bc``) with the largest ``max |y|``;
@@ -75,7 +77,8 @@ def _two_stage(y5: torch.Tensor, k: int, g: int) -> tuple[torch.Tensor, torch.Te
     <= the k-th segment maximum <= the k-th largest value: only a tie). Stage 2 is a top-k over
     those ``k * g`` candidates. Costs one pass writing ``|y|`` (into scratch) and one reading it,
     plus selections over ``chunk_numel / g + k * g`` values per chunk instead of all of them.
-    Within a chunk, segment ``s`` holds coefficient indices ``s * g .. s * g + g - 1``.
+    Within a chunk, segment ``s`` holds coefficient indices ``s * g .. s * g + g - 1``;
+    ``chunk_tables`` (``base``, ``local``) map a chunk's coefficient index to its position in ``y5``.
     """
     b, gr, br, gc, bc = y5.shape
     nb, n_chunks = bc // g, b * gr * gc
@@ -86,15 +89,24 @@ def _two_stage(y5: torch.Tensor, k: int, g: int) -> tuple[torch.Tensor, torch.Te
     base, local = _segment_tables((b, gr, br, gc, bc), g, y5.device)
     seg_pos = base + local[sidx]  # (N, k) segment numbers in mag.view(-1, g)
     j = torch.topk(mag.view(-1, g)[seg_pos].view(n_chunks, k * g), k, dim=1, sorted=False).indices
-    jd, jm = j // g, j % g
-    idx, order = (sidx.gather(1, jd) * g + jm).sort(dim=1)
-    pos = (seg_pos.gather(1, jd) * g + jm).gather(1, order)
-    return idx, y5.reshape(-1)[pos]
+    # Candidate (s, t) is coefficient s * g + t of its chunk; keep the k chosen, in order.
+    cand_idx = (sidx * g).unsqueeze(-1) + torch.arange(g, device=y5.device)
+    idx = cand_idx.view(n_chunks, k * g).gather(1, j).sort(dim=1).values
+    base, local = chunk_tables
+    return idx, y5.reshape(-1)[base + local[idx]]
 
 
-def _select(y5: torch.Tensor, k: int, chunk_numel: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _select(
+    y5: torch.Tensor, k: int, chunk_numel: int, chunk_tables: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     g = segment_length(y5.shape[-1], chunk_numel, k)
-    return None if g is None else _two_stage(y5, k, g)
+    if g is None:
+        return None
+    if chunk_tables is None:  # chunk order: position = chunk * chunk_numel + index
+        n = y5.shape[0] * y5.shape[1] * y5.shape[3]
+        rows = torch.arange(n, device=y5.device).unsqueeze(1) * chunk_numel
+        chunk_tables = (rows, torch.arange(chunk_numel, device=y5.device))
+    return _two_stage(y5, k, g, chunk_tables)
 
 
 def topk_chunks(c: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,7 +145,7 @@ def dct_topk(x: torch.Tensor, layout: ChunkLayout, k: int) -> tuple[torch.Tensor
             return topk_chunks(y, k)
         (gr, gc), (br, bc) = layout.grid, layout.block
         y5 = y.view(layout.batch, gr, br, gc, bc)
-        fast = _select(y5, k, layout.chunk_numel)
+        fast = _select(y5, k, layout.chunk_numel, index_tables(layout, y.device))
         if fast is not None:
             return fast
         mag = torch.empty((layout.batch, gr, gc, br, bc), dtype=y.dtype, device=y.device)

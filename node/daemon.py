@@ -166,6 +166,7 @@ class Node:
         self.status_file = StatusFile(data / "status.json")
         self.heartbeat_s = float(joined.heartbeat_interval_s)
         boot = parts.bootstrap_addrs(joined.bootstrap_peers, self.identity.peer_id_b58)
+        self.run_has_peers = bool(boot)  # a run in progress: wait for at least one peer, then catch up
         try:
             self.swarm = await parts.start_swarm(cfg, cfg.run_id, self.identity, key_path, boot)
             self.core = await AsyncSwarmExchange.create(self.swarm, xcfg)
@@ -204,7 +205,7 @@ class Node:
             self.step = ckpt.step
             log.info("resumed from %s at step %d", self.ckpt_path, ckpt.step)
         assert self.donor is not None
-        self.donor.offer(self.step, state_blob(self.step, model))
+        self.donor.offer(self.step, state_blob(self.step, model, self.optimizer))
         up, down = self.swarm.bandwidth.up.rate, self.swarm.bandwidth.down.rate  # type: ignore[union-attr]
         self.status.up_budget, self.status.down_budget = up, down
         self.metrics.set_budget(up, down)
@@ -278,7 +279,7 @@ class Node:
 
     async def offer_state(self) -> None:
         """Offer our parameters at ``self.step`` to newcomers and resyncing peers."""
-        blob = await asyncio.to_thread(state_blob, self.step, self.trainer.model)
+        blob = await asyncio.to_thread(state_blob, self.step, self.trainer.model, self.optimizer)
         if self.donor is not None:
             self.donor.offer(self.step, blob)
 
@@ -300,8 +301,13 @@ class Node:
         if manifest.step <= newer_than:
             return False
         model = self.trainer.model
-        step = await asyncio.to_thread(load_state_blob, blob, model)
-        self.optimizer = DistroOptimizer(model.named_parameters(), self.dcfg, self.exchange, self.identity)
+        fresh = DistroOptimizer(model.named_parameters(), self.dcfg, self.exchange, self.identity)
+        try:
+            step = await asyncio.to_thread(load_state_blob, blob, model, fresh)
+        except ConfigError as e:
+            log.warning("a peer's state does not fit this run's model: %s", e)
+            return False
+        self.optimizer = fresh
         self.optimizer._t = step  # no public setter for the optimizer's step counter
         self.trainer.optimizer = self.optimizer
         log.info("caught up: adopted the swarm's state at step %d (was at %d)", step, self.step)

@@ -82,7 +82,7 @@ async def wait_for_peers(node: Node) -> None:
     coordinator's peers meanwhile. Raises ``NodeError(NETWORK)`` after ``start_timeout_s``."""
     from distronet.node.daemon import NodeError
 
-    want = node.cfg.train.min_peers - 1
+    want = max(node.cfg.train.min_peers - 1, 1 if node.run_has_peers else 0)
     end = time.monotonic() + node.cfg.train.start_timeout_s
     next_dial = 0.0
     while not node.stop_requested.is_set():

@@ -10,8 +10,11 @@ updates the others applied and catches up while the rounds are retained.
 
 Blob format (deterministic, so equal parameters give equal root hashes on every donor)::
 
-    b"DNS0" | u32 header length | header JSON {"step", "tensors": [[name, shape, nbytes], ...]}
-    | the float32 bytes of each tensor, in order
+    b"DNS0" | u32 header length | header JSON {"step", "tensors": [[name, shape, nbytes], ...],
+    "ints": {"<param>#<key>": int}} | the float32 bytes of each tensor, in order
+
+``tensors`` lists every parameter first (model order), then replicated optimizer state as
+``"<param>#<key>"`` (same shape as the parameter).
 
 Everything read is checked against the model before use: names, shapes and sizes must match.
 """
@@ -27,25 +30,47 @@ from torch import nn
 
 from distronet.protocol.errors import ConfigError
 
-__all__ = ["MAGIC", "load_state_blob", "state_blob"]
+__all__ = ["LOCAL_STATE", "MAGIC", "load_state_blob", "state_blob"]
 
 MAGIC = b"DNS0"
 MAX_HEADER = 1 << 20
+LOCAL_STATE = frozenset({"momentum"})
+"""Optimizer state keys that are this replica's own (error-feedback momentum): never shared.
+Every other per-parameter state (the Adam rule's ``v`` and ``n``, the overlap ``consensus``) is
+derived from aggregated updates only, identical on every replica, and travels in the blob."""
 
 
-def state_blob(step: int, model: nn.Module) -> bytes:
-    """The parameters of ``model`` at ``step`` (float32, little-endian). Costs one copy of them."""
-    names, parts = [], []
+def _f32(t: torch.Tensor) -> bytes:
+    return t.detach().to("cpu", torch.float32).contiguous().numpy().astype("<f4", copy=False).tobytes()
+
+
+def state_blob(step: int, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> bytes:
+    """The parameters of ``model`` (and the replicated optimizer state) at ``step``, float32
+    little-endian. Costs one copy of them."""
+    names, parts, ints = [], [], {}
     for name, p in model.named_parameters():
-        raw = p.detach().to("cpu", torch.float32).contiguous().numpy().astype("<f4", copy=False).tobytes()
+        raw = _f32(p)
         names.append([name, list(p.shape), len(raw)])
         parts.append(raw)
-    header = json.dumps({"step": step, "tensors": names}, separators=(",", ":")).encode()
+    if optimizer is not None:
+        for name, p in model.named_parameters():
+            for key, value in sorted(optimizer.state.get(p, {}).items()):
+                if key in LOCAL_STATE:
+                    continue
+                if isinstance(value, torch.Tensor) and value.shape == p.shape:
+                    raw = _f32(value)
+                    names.append([f"{name}#{key}", list(p.shape), len(raw)])
+                    parts.append(raw)
+                elif isinstance(value, int):
+                    ints[f"{name}#{key}"] = value
+    head = {"step": step, "tensors": names, "ints": ints}
+    header = json.dumps(head, separators=(",", ":")).encode()
     return MAGIC + struct.pack(">I", len(header)) + header + b"".join(parts)
 
 
-def load_state_blob(blob: bytes, model: nn.Module) -> int:
-    """Copy the blob's parameters into ``model``; return the blob's step.
+def load_state_blob(blob: bytes, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> int:
+    """Copy the blob's parameters into ``model`` (and its replicated optimizer state into
+    ``optimizer.state``); return the blob's step.
 
     Raises ``ConfigError`` when the blob is malformed or does not fit ``model`` exactly (nothing
     is copied then).
@@ -57,24 +82,43 @@ def load_state_blob(blob: bytes, model: nn.Module) -> int:
         raise ConfigError(f"state blob: header of {n} bytes does not fit")
     try:
         head = json.loads(blob[8 : 8 + n])
-        step, entries = int(head["step"]), list(head["tensors"])
+        step, entries, ints = int(head["step"]), list(head["tensors"]), dict(head.get("ints", {}))
     except (ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"state blob: bad header ({e})") from e
-    params = list(model.named_parameters())
-    if len(entries) != len(params) or step < 0:
+    params = dict(model.named_parameters())
+    if step < 0 or len(entries) < len(params) or len(entries) > 8 * len(params):
         raise ConfigError(f"state blob: {len(entries)} tensors at step {step}, the model has {len(params)}")
     off, arrays = 8 + n, []
-    for (name, p), entry in zip(params, entries, strict=True):
-        if entry != [name, list(p.shape), p.numel() * 4]:
+    for i, entry in enumerate(entries):
+        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)):
+            raise ConfigError(f"state blob: bad entry {entry!r}")
+        name, _, key = entry[0].partition("#")
+        p = params.get(name)
+        if p is None or (i < len(params)) != (key == "") or key in LOCAL_STATE:
+            raise ConfigError(f"state blob: unexpected tensor {entry[0]!r}")
+        if entry[1:] != [list(p.shape), p.numel() * 4] or off + p.numel() * 4 > len(blob):
             raise ConfigError(f"state blob: {entry!r} does not match parameter {name} {tuple(p.shape)}")
-        size = p.numel() * 4
-        if off + size > len(blob):
-            raise ConfigError("state blob: truncated")
-        arrays.append(np.frombuffer(blob, dtype="<f4", count=p.numel(), offset=off).reshape(p.shape))
-        off += size
+        arrays.append(
+            (p, key, np.frombuffer(blob, dtype="<f4", count=p.numel(), offset=off).reshape(p.shape))
+        )
+        off += p.numel() * 4
     if off != len(blob):
         raise ConfigError(f"state blob: {len(blob) - off} trailing bytes")
+    if [e[0] for e in entries[: len(params)]] != list(params):
+        raise ConfigError("state blob: parameters out of order")
+    for k, v in ints.items():
+        if k.partition("#")[0] not in params or not isinstance(v, int) or isinstance(v, bool):
+            raise ConfigError(f"state blob: bad integer state {k!r}")
     with torch.no_grad():
-        for (_, p), a in zip(params, arrays, strict=True):
-            p.copy_(torch.from_numpy(a.astype(np.float32)).to(p.device, p.dtype))
+        for p, key, a in arrays:
+            t = torch.from_numpy(a.astype(np.float32)).to(p.device)
+            if key:
+                if optimizer is not None:
+                    optimizer.state[p][key] = t.to(torch.float32)
+            else:
+                p.copy_(t.to(p.dtype))
+        if optimizer is not None:
+            for k, v in ints.items():
+                name, _, key = k.partition("#")
+                optimizer.state[params[name]][key] = v
     return step

@@ -111,11 +111,12 @@ class LocalSwarm:
         self._files.append(fh)
         return fh
 
-    def start_coordinator(self, timeout: float = 30.0) -> str:
+    def start_coordinator(self, timeout: float = 30.0, *, port: int = 0) -> str:
+        """Start (or restart, on the same data folder; pass ``port`` to keep the URL) the coordinator."""
         port_file = self.folder / "coordinator.port"
         port_file.unlink(missing_ok=True)
         self.coordinator = subprocess.Popen(
-            [sys.executable, "-m", "distronet.coordinator.cli", "serve", "--port", "0",
+            [sys.executable, "-m", "distronet.coordinator.cli", "serve", "--port", str(port),
              "--port-file", str(port_file), "--data-dir", str(self.folder / "coordinator"),
              "--run", str(self.run_toml), "--operator-token", "demo",
              "--sqlite-sync", "NORMAL", "--log-level", "warning"],

@@ -76,11 +76,14 @@ class TrainConfig:
     min_peers: int = _f(1, "wait until this many nodes (this one included) are in the mesh before step 0")
     start_timeout_s: float = _f(120.0, "give up waiting for min_peers after this many seconds")
     threads: int = _f(0, "torch CPU threads (0: torch's default)")
+    drift_every: int = _f(
+        10, "compare the parameter hash with peers every this many steps; resync on mismatch (0: off)"
+    )
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
             raise ConfigError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
-        for name in ("max_steps", "checkpoint_every", "threads"):
+        for name in ("max_steps", "checkpoint_every", "threads", "drift_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.min_peers < 1 or self.start_timeout_s <= 0 or self.max_seconds < 0:

@@ -111,6 +111,7 @@ class Node:
         self.metrics = NodeMetrics()
         self.run_info: dict[str, Any] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self.offered: dict[int, bytes] = {}  # step -> sha256 of the state blob we offer
         self._tokens: Any = None  # the current shard's tokens (numpy, 1-D)
 
     def _to(self, new: NodeState) -> None:
@@ -205,7 +206,9 @@ class Node:
             self.step = ckpt.step
             log.info("resumed from %s at step %d", self.ckpt_path, ckpt.step)
         assert self.donor is not None
-        self.donor.offer(self.step, state_blob(self.step, model, self.optimizer))
+        self.offered = {
+            self.step: self.donor.offer(self.step, state_blob(self.step, model, self.optimizer)).sha256
+        }
         up, down = self.swarm.bandwidth.up.rate, self.swarm.bandwidth.down.rate  # type: ignore[union-attr]
         self.status.up_budget, self.status.down_budget = up, down
         self.metrics.set_budget(up, down)
@@ -281,7 +284,9 @@ class Node:
         """Offer our parameters at ``self.step`` to newcomers and resyncing peers."""
         blob = await asyncio.to_thread(state_blob, self.step, self.trainer.model, self.optimizer)
         if self.donor is not None:
-            self.donor.offer(self.step, blob)
+            self.offered[self.step] = self.donor.offer(self.step, blob).sha256
+            for old in sorted(self.offered)[:-4]:
+                del self.offered[old]
 
     async def catch_up(self, *, newer_than: int, timeout: float) -> bool:
         """Adopt the newest state the peers agree on if its step is > ``newer_than``; True if adopted.
@@ -314,7 +319,7 @@ class Node:
         self.step = step
         self.status.resyncs += 1
         if self.donor is not None:
-            self.donor.offer(self.step, blob)
+            self.offered = {self.step: self.donor.offer(self.step, blob).sha256}
         return True
 
     def checkpoint(self) -> None:

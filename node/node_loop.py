@@ -162,6 +162,33 @@ def _account(node: Node, res: StepResult, wall: float, up0: int, down0: int) -> 
     m.info.labels(s.peer_id, s.run_id, digest).set(1)
 
 
+async def drift_check(node: Node) -> None:
+    """Compare our state hash with the peers' offers for the same step; adopt the swarm's state
+    when every peer at our step holds another one. Costs one small request per peer."""
+    from distronet.node.swarm.statesync import _ask_manifest  # no public single-manifest call yet
+
+    assert node.swarm is not None
+    mine = node.offered.get(node.step)
+    peers = list(set(await node.swarm.gossip.topic_peers(node.swarm.topic)))
+    if mine is None or not peers:
+        return
+    offers = await asyncio.gather(*(_ask_manifest(node.swarm, p, 5.0) for p in peers))
+    same_step = [m.sha256 for m in offers if m is not None and m.step == node.step]
+    if not same_step:
+        node.metrics.drift.labels("skipped").inc()
+        return
+    if mine in same_step:
+        node.status.drift_equal += 1
+        node.metrics.drift.labels("equal").inc()
+        return
+    node.status.drift_differs += 1
+    node.metrics.drift.labels("differs").inc()
+    log.warning(
+        "step %d: our parameters differ from all %d peers at this step; resyncing", node.step, len(same_step)
+    )
+    await node.catch_up(newer_than=node.step - 1, timeout=30.0)
+
+
 async def _resync(node: Node, err: Exception) -> None:
     """After a failed round our parameters may differ from the swarm's: adopt the swarm's newer
     state. Raises ``NodeError(NETWORK)`` when none comes within ``shutdown_timeout_s``."""
@@ -209,6 +236,9 @@ async def train(node: Node) -> None:
             node.step = res.step + 1
             _account(node, res, max(time.monotonic() - t0, 1e-6), up0, down0)
             await node.offer_state()
+            if tc.drift_every and node.step % tc.drift_every == 0:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(drift_check(node), 15.0)
             node.status_file.write(node.status)
             if line is not None:
                 line.show(node.status)

@@ -46,6 +46,8 @@ class NodeStatus:
     own_accepted: int = 0
     rounds: int = 0
     first_step: int = -1
+    drift_equal: int = 0  # drift checks that found peers at our step with our exact parameters
+    drift_differs: int = 0
     resyncs: int = 0  # times this node adopted the swarm's state (newcomer catch-up, failed round)
     digests: dict[int, str] = dataclasses.field(default_factory=dict)
 

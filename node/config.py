@@ -70,7 +70,7 @@ class TrainConfig:
     """How long and how this machine trains."""
 
     device: str = _f("auto", "auto | cuda | mps | cpu")
-    max_steps: int = _f(0, "stop cleanly after this many steps (0: no limit)")
+    max_steps: int = _f(0, "stop cleanly once the step counter reaches this (steps 0..N-1; 0: no limit)")
     max_seconds: float = _f(0.0, "stop cleanly after this many seconds of training (0: no limit)")
     checkpoint_every: int = _f(50, "save a local checkpoint every this many steps (0: never)")
     min_peers: int = _f(1, "wait until this many nodes (this one included) are in the mesh before step 0")

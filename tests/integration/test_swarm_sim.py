@@ -48,7 +48,7 @@ def test_replicas_bit_identical_under_faults(overlap: bool) -> None:
     assert any(len(r.accepted) < 4 for r in reports)  # the faults did cut some rounds
     assert sum(opt.exchange.stats.duplicates_dropped for opt in res.optimizers) > 0
     assert sum(opt.exchange.stats.repulled for opt in res.optimizers) > 0
-    assert _tail(res, 14) < 0.8 * res.mean_loss(0)
+    assert _tail(res, 14) < 0.9 * res.mean_loss(0)
 
 
 def test_peer_death_others_continue_identically() -> None:
@@ -59,7 +59,7 @@ def test_peer_death_others_continue_identically() -> None:
     live = [m for i, m in enumerate(res.models) if res.alive[i]]
     assert len({param_digest(m) for m in live}) == 1
     assert all(len(res.optimizers[0].reports[s].accepted) == (4 if s < 6 else 3) for s in range(14))
-    assert _tail(res, 14) < 0.8 * res.mean_loss(0)
+    assert _tail(res, 14) < 0.9 * res.mean_loss(0)
 
 
 @pytest.mark.slow

@@ -24,7 +24,7 @@ from distronet.node.exitcodes import ExitCode
 __all__ = ["add_parser", "run"]
 
 KS = (4, 32)
-QUICK_CODINGS = {("fp32", "fixed"), ("int8", "entropy"), ("sign1", "fixed"), ("sign1", "entropy")}
+QUICK_CODINGS = {("fp32", "fixed"), ("int8", "entropy"), ("sign1", "entropy")}
 
 
 def _table(rows: list[dict[str, object]]) -> str:
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    steps = args.steps if args.steps is not None else (4 if args.quick else 30)
+    steps = args.steps if args.steps is not None else (3 if args.quick else 30)
     size = args.size if args.size is not None else (512 if args.quick else 4096)
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else 3)
     codings = [(vc, ic) for vc in ValueCoding for ic in IndexCoding]

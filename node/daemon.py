@@ -55,6 +55,7 @@ __all__ = ["Node", "NodeError", "NodeState", "NodeStateError"]
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 CALL_S = 15.0  # deadline of one call to the coordinator or p2pd
+VERIFY_STEPS = 3  # a node that adopted the swarm's state checks its hash against peers this many steps
 
 
 class NodeError(DistroError):
@@ -96,6 +97,19 @@ async def deadline(aw: Awaitable[T], seconds: float, what: str, code: ExitCode =
         raise NodeError(f"{what}: no answer within {seconds:.0f} s", code) from None
 
 
+class _DownloadProgress:
+    """Logs a long download's progress at every further 10 % (the owner sees it is moving)."""
+
+    def __init__(self, what: str) -> None:
+        self.what, self.shown = what, -1
+
+    def __call__(self, done: int, total: int) -> None:
+        tenth = 10 * done // max(total, 1)
+        if tenth > self.shown and total >= 4 * 2**20:
+            self.shown = tenth
+            log.info("%s download: %d%% of %.1f MB", self.what, 10 * tenth, total / 1e6)
+
+
 class Node:
     """One running node. Build with :meth:`create`; always :meth:`close` (idempotent)."""
 
@@ -111,6 +125,7 @@ class Node:
         self.metrics = NodeMetrics()
         self.run_info: dict[str, Any] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self.verify_until = -1  # after adopting a state, drift-check every step up to here
         self.offered: dict[int, bytes] = {}  # step -> sha256 of the state blob we offer
         self._tokens: Any = None  # the current shard's tokens (numpy, 1-D)
 
@@ -299,7 +314,9 @@ class Node:
         if not donors:
             return False
         try:
-            manifest, blob = await fetch_state(self.swarm, donors, timeout=timeout, per_donor=2)
+            manifest, blob = await fetch_state(
+                self.swarm, donors, timeout=timeout, per_donor=2, progress=_DownloadProgress("state")
+            )
         except (SwarmError, asyncio.TimeoutError) as e:
             log.info("no state to catch up from: %s", e)
             return False
@@ -318,6 +335,7 @@ class Node:
         log.info("caught up: adopted the swarm's state at step %d (was at %d)", step, self.step)
         self.step = step
         self.status.resyncs += 1
+        self.verify_until = step + VERIFY_STEPS
         if self.donor is not None:
             self.offered = {self.step: self.donor.offer(self.step, blob).sha256}
         return True

@@ -236,7 +236,10 @@ async def train(node: Node) -> None:
             node.step = res.step + 1
             _account(node, res, max(time.monotonic() - t0, 1e-6), up0, down0)
             await node.offer_state()
-            if tc.drift_every and node.step % tc.drift_every == 0:
+            # A newcomer's first packets race rounds the others may have decided already; the
+            # exchange can then hand it another accepted set. Checking right after a catch-up
+            # (and every drift_every steps) finds that and adopts the swarm's state again.
+            if node.step <= node.verify_until or (tc.drift_every and node.step % tc.drift_every == 0):
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(drift_check(node), 15.0)
             node.status_file.write(node.status)

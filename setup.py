@@ -13,5 +13,8 @@ TOP_LEVEL = ("node", "protocol", "coordinator", "kernels", "dashboard")
 setup(
     packages=["distronet." + name for name in find_packages(include=[f"{t}*" for t in TOP_LEVEL])],
     package_dir={"distronet": "."},
-    package_data={"distronet.dashboard": ["static/*", "static/**/*"]},
+    package_data={
+        "distronet.dashboard": ["static/*", "static/**/*"],
+        "distronet.node.bench": ["*.json"],
+    },
 )

@@ -37,10 +37,10 @@ from distronet.protocol.framing import (
     take_bin,
     take_int,
 )
-from distronet.protocol.identity import PEER_ID_BYTES, SIGNATURE_BYTES, Identity, is_ed25519_peer_id, verify
+from distronet.protocol.identity import SIGNATURE_BYTES, Identity, verify
 from distronet.protocol.identity import peer_id_to_b58 as _b58
 from distronet.protocol.limits import DEFAULT_LIMITS, Limits
-from distronet.protocol.packet import check_run_id
+from distronet.protocol.packet import check_run_id, take_signed_header
 
 __all__ = [
     "ANNOUNCE_DOMAIN",
@@ -182,20 +182,8 @@ def open_announcement(
         max_decompressed_bytes=cap,
         max_array_len=MAX_ADDRS,
     )
-    version = m.get("v")
-    if isinstance(version, bool) or not isinstance(version, int):
-        raise Rejected(RejectCode.MALFORMED, "field 'v' must be an int")
-    if version != ANNOUNCE_VERSION:
-        raise Rejected(RejectCode.UNSUPPORTED_VERSION, f"announcement version {version}; this node speaks 1")
-    if m.keys() != _KEYS:
-        raise Rejected(RejectCode.MALFORMED, f"fields {sorted(m)}; expected {sorted(_KEYS)}")
-    run = m["run"]
-    if not check_run_id(run, limits):
-        raise Rejected(RejectCode.MALFORMED, "field 'run' is not a valid run id")
-    step = take_int(m, "step", 0, limits.max_step)
-    peer = take_bin(m, "peer", PEER_ID_BYTES, PEER_ID_BYTES)
-    if not is_ed25519_peer_id(peer):
-        raise Rejected(RejectCode.MALFORMED, "field 'peer' is not an Ed25519 libp2p peer id", step=step)
+    version = ANNOUNCE_VERSION
+    run, step, peer = take_signed_header(m, version=version, keys=_KEYS, what="announcement", limits=limits)
 
     def reject(code: RejectCode, detail: str = "") -> Rejected:
         return Rejected(code, detail, run_id=run, peer_id=_b58(peer), step=step)

@@ -90,6 +90,33 @@ def check_run_id(run_id: object, limits: Limits = DEFAULT_LIMITS) -> bool:
     )
 
 
+def take_signed_header(
+    m: dict, *, version: int, keys: frozenset[str], what: str, limits: Limits
+) -> tuple[str, int, bytes]:
+    """Check the fields every signed message starts with; return ``(run, step, peer)``.
+
+    ``m`` is a decoded frame body. Checks, in order: ``v`` is an int equal to ``version``
+    (UNSUPPORTED_VERSION otherwise), the key set is exactly ``keys``, ``run`` is a valid run id,
+    ``step`` is in range, ``peer`` is an Ed25519 libp2p peer id. Raises ``Rejected`` (MALFORMED
+    unless said otherwise). ``what`` names the message in errors ("step packet", "announcement").
+    """
+    v = m.get("v")
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise Rejected(RejectCode.MALFORMED, "field 'v' must be an int")
+    if v != version:
+        raise Rejected(RejectCode.UNSUPPORTED_VERSION, f"{what} version {v}; this node speaks {version}")
+    if m.keys() != keys:
+        raise Rejected(RejectCode.MALFORMED, f"fields {sorted(m)}; expected {sorted(keys)}")
+    run = m["run"]
+    if not check_run_id(run, limits):
+        raise Rejected(RejectCode.MALFORMED, "field 'run' is not a valid run id")
+    step = take_int(m, "step", 0, limits.max_step)
+    peer = take_bin(m, "peer", PEER_ID_BYTES, PEER_ID_BYTES)
+    if not is_ed25519_peer_id(peer):
+        raise Rejected(RejectCode.MALFORMED, "field 'peer' is not an Ed25519 libp2p peer id", step=step)
+    return run, step, peer
+
+
 def packet_signing_bytes(
     version: int,
     run_id: str,
@@ -183,20 +210,8 @@ def open_packet(
     Ed25519 verification (~60 µs).
     """
     m = decode_frame(frame, MessageKind.STEP_PACKET, limits=limits)
-    version = m.get("v")
-    if isinstance(version, bool) or not isinstance(version, int):
-        raise Rejected(RejectCode.MALFORMED, "field 'v' must be an int")
-    if version != PACKET_VERSION:
-        raise Rejected(RejectCode.UNSUPPORTED_VERSION, f"step packet version {version}; this node speaks 1")
-    if m.keys() != _KEYS:
-        raise Rejected(RejectCode.MALFORMED, f"fields {sorted(m)}; expected {sorted(_KEYS)}")
-    run = m["run"]
-    if not check_run_id(run, limits):
-        raise Rejected(RejectCode.MALFORMED, "field 'run' is not a valid run id")
-    step = take_int(m, "step", 0, limits.max_step)
-    peer = take_bin(m, "peer", PEER_ID_BYTES, PEER_ID_BYTES)
-    if not is_ed25519_peer_id(peer):
-        raise Rejected(RejectCode.MALFORMED, "field 'peer' is not an Ed25519 libp2p peer id", step=step)
+    version = PACKET_VERSION
+    run, step, peer = take_signed_header(m, version=version, keys=_KEYS, what="step packet", limits=limits)
 
     def reject(code: RejectCode, detail: str = "") -> Rejected:
         return Rejected(code, detail, run_id=run, peer_id=_b58(peer), step=step)

@@ -152,6 +152,19 @@ def lr_at(cfg: DistroConfig, step: int) -> float:
     return cfg.lr * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * frac)))
 
 
+_OURS: dict[str, Any] = dict(
+    lr=2e-3,
+    beta=0.95,
+    chunk=64,
+    index_coding=IndexCoding.ENTROPY,
+    update=UpdateRule.ORTHO,
+    fallback=UpdateRule.ADAM,
+    dense_1d=True,
+    warmup_steps=20,
+)
+"""What our presets share: Muon-style orthogonalised update on hidden matrices, an Adam-normalised
+aggregate elsewhere, 1-D tensors sent dense, entropy-coded indices (benchmarks.md, optimizer study)."""
+
 PRESETS: dict[str, dict[str, Any]] = {
     "demo_reference": dict(
         beta=0.999,
@@ -170,32 +183,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         index_coding=IndexCoding.FIXED,
         update=UpdateRule.SIGN,
     ),
-    "ours_k32": dict(
-        lr=2e-3,
-        beta=0.95,
-        chunk=64,
-        k=32,
-        value_coding=ValueCoding.INT8,
-        index_coding=IndexCoding.ENTROPY,
-        update=UpdateRule.ORTHO,
-        fallback=UpdateRule.ADAM,
-        dense_1d=True,
-        dense_value_coding=ValueCoding.INT8,
-        warmup_steps=20,
-    ),
-    "ours_k4_1bit": dict(
-        lr=2e-3,
-        beta=0.95,
-        chunk=64,
-        k=4,
-        value_coding=ValueCoding.SIGN1,
-        index_coding=IndexCoding.ENTROPY,
-        update=UpdateRule.ORTHO,
-        fallback=UpdateRule.ADAM,
-        dense_1d=True,
-        dense_value_coding=ValueCoding.SIGN1,
-        warmup_steps=20,
-    ),
+    # Ours: the two presets differ only in k and in the value coding (sent and dense tensors).
+    "ours_k32": dict(_OURS, k=32, value_coding=ValueCoding.INT8, dense_value_coding=ValueCoding.INT8),
+    "ours_k4_1bit": dict(_OURS, k=4, value_coding=ValueCoding.SIGN1, dense_value_coding=ValueCoding.SIGN1),
 }
 """Named presets: field overrides on top of ``DistroConfig``'s defaults."""
 

@@ -8,9 +8,10 @@ cheaper. The group committer makes one commit carry many requests, which pays fo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
@@ -22,6 +23,19 @@ __all__ = ["SqliteStore"]
 
 T = TypeVar("T")
 _SQL = {t: upsert_sql(t, "?") for t in TABLES}
+
+
+@contextlib.contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back on any exception (the connection is in
+    autocommit mode, so transactions are explicit)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
 
 
 class SqliteStore(Store):
@@ -55,15 +69,10 @@ class SqliteStore(Store):
             for version, statements in MIGRATIONS:
                 if version <= current:
                     continue
-                conn.execute("BEGIN IMMEDIATE")
-                try:
+                with _transaction(conn):
                     for stmt in statements:
                         conn.execute(stmt)
                     conn.execute("INSERT INTO schema_migrations VALUES (?, ?)", (version, time.time()))
-                    conn.execute("COMMIT")
-                except BaseException:
-                    conn.execute("ROLLBACK")
-                    raise
         except sqlite3.Error as e:
             raise StoreError(f"cannot open SQLite database {self.path!r}: {e}") from e
         self._conn = conn
@@ -81,14 +90,9 @@ class SqliteStore(Store):
     def _commit(self, work: list[tuple[str, list[tuple[object, ...]]]]) -> None:
         conn = self._c()
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with _transaction(conn):
                 for table, rows in work:
                     conn.executemany(_SQL[table], rows)
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
         except sqlite3.Error as e:
             raise StoreError(f"SQLite commit failed: {e}") from e
 

@@ -217,7 +217,7 @@ class Node:
         if ckpt is not None:
             model.load_state_dict(ckpt.model)
             self.optimizer.load_state_dict(ckpt.optimizer)
-            self.optimizer._t = ckpt.step  # the optimizer has no public setter for its step counter
+            self.optimizer.resume_at(ckpt.step)
             self.step = ckpt.step
             log.info("resumed from %s at step %d", self.ckpt_path, ckpt.step)
         assert self.donor is not None
@@ -330,7 +330,7 @@ class Node:
             log.warning("a peer's state does not fit this run's model: %s", e)
             return False
         self.optimizer = fresh
-        self.optimizer._t = step  # no public setter for the optimizer's step counter
+        self.optimizer.resume_at(step)
         self.trainer.optimizer = self.optimizer
         log.info("caught up: adopted the swarm's state at step %d (was at %d)", step, self.step)
         self.step = step

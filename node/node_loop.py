@@ -165,14 +165,14 @@ def _account(node: Node, res: StepResult, wall: float, up0: int, down0: int) -> 
 async def drift_check(node: Node) -> None:
     """Compare our state hash with the peers' offers for the same step; adopt the swarm's state
     when every peer at our step holds another one. Costs one small request per peer."""
-    from distronet.node.swarm.statesync import _ask_manifest  # no public single-manifest call yet
+    from distronet.node.swarm.statesync import ask_manifest
 
     assert node.swarm is not None
     mine = node.offered.get(node.step)
     peers = list(set(await node.swarm.gossip.topic_peers(node.swarm.topic)))
     if mine is None or not peers:
         return
-    offers = await asyncio.gather(*(_ask_manifest(node.swarm, p, 5.0) for p in peers))
+    offers = await asyncio.gather(*(ask_manifest(node.swarm, p, 5.0) for p in peers))
     same_step = [m.sha256 for m in offers if m is not None and m.step == node.step]
     if not same_step:
         node.metrics.drift.labels("skipped").inc()

@@ -118,6 +118,11 @@ class DistroOptimizer(torch.optim.Optimizer):
         """The next step to run (0-based)."""
         return self._t
 
+    def resume_at(self, step: int) -> None:
+        """Make ``step`` the next step to run: after loading a checkpoint or adopting the swarm's
+        state for that step (the caller restores parameters and replicated state itself)."""
+        self._t = int(step)
+
     def _momenta(self) -> list[torch.Tensor]:
         return [self.state[p]["momentum"] for p in self._params]
 

@@ -43,6 +43,7 @@ __all__ = [
     "STATE_PULL_PROTOCOL",
     "StateDonor",
     "StateManifest",
+    "ask_manifest",
     "describe",
     "fetch_state",
 ]
@@ -162,7 +163,10 @@ class StateDonor:
                 )
 
 
-async def _ask_manifest(swarm: Swarm, donor: PeerID, timeout: float) -> StateManifest | None:
+async def ask_manifest(swarm: Swarm, donor: PeerID, timeout: float) -> StateManifest | None:
+    """The signed state manifest ``donor`` offers now, or None when it offers none, does not
+    answer within ``timeout`` seconds, or answers with one that does not verify."""
+
     async def ask() -> StateManifest | None:
         control = swarm.host.control_maddr["unix"]
         reader, writer = await open_stream(control, donor, STATE_MANIFEST_PROTOCOL, timeout)
@@ -202,7 +206,7 @@ async def fetch_state(
     PullTimeout (``timeout`` passed; verified chunks stay in ``cache_dir`` for a resume).
     """
     deadline = time.monotonic() + timeout
-    asked = await asyncio.gather(*(_ask_manifest(swarm, d, min(30.0, timeout)) for d in donors))
+    asked = await asyncio.gather(*(ask_manifest(swarm, d, min(30.0, timeout)) for d in donors))
     offers = [m for m in asked if m is not None and m.size <= max_size]
     if not offers:
         raise PullError(f"none of {len(donors)} donor(s) offered a state")

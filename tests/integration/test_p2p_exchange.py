@@ -110,12 +110,16 @@ async def test_hostile_gossip_is_rejected_without_moving_the_window(
     far = seal_announcement(b.identity, RUN, 10**12, b"x" * 100)
     forged = seal_announcement(c.identity, RUN, 3, b"y" * 100)  # relayed by B under C's name
     before = dict(xa.rejected)
-    await b.gossip.publish(b.topic, far)
-    await b.gossip.publish(b.topic, forged)
+    last_sent = [-1.0]
 
     async def both_rejected() -> bool:
         stale = xa.rejected[RejectCode.STALE_STEP] > before.get(RejectCode.STALE_STEP, 0)
-        return stale and xa.rejected[RejectCode.WRONG_PEER] > before.get(RejectCode.WRONG_PEER, 0)
+        wrong = xa.rejected[RejectCode.WRONG_PEER] > before.get(RejectCode.WRONG_PEER, 0)
+        if not (stale and wrong) and time.monotonic() - last_sent[0] > 1.0:
+            last_sent[0] = time.monotonic()  # gossipsub is best-effort: send again, once a second
+            await b.gossip.publish(b.topic, far)
+            await b.gossip.publish(b.topic, forged)
+        return stale and wrong
 
     await eventually(both_rejected, 10.0, "A to reject both announcements")
     assert 10**12 not in xa._rounds and max(xa._rounds) < 10

@@ -25,6 +25,7 @@ from aiohttp import web
 from distronet.coordinator import handlers
 from distronet.coordinator.auth import NonceCache, RateLimiter, check_bearer, parse_signed, verify_signed
 from distronet.coordinator.config import CoordinatorConfig
+from distronet.coordinator.dashboard_static import add_dashboard_routes
 from distronet.coordinator.events import EventBus
 from distronet.coordinator.groupcommit import GroupCommitter
 from distronet.coordinator.metrics import Metrics
@@ -169,6 +170,7 @@ class CoordinatorApp:
         self.web = web.Application(client_max_size=cfg.operator_body_limit, middlewares=[self._errors])
         for r in ROUTES:
             self.web.router.add_route(r.method, r.full_path, self._wrap(r), name=r.name)
+        add_dashboard_routes(self.web)
         self.web.on_shutdown.append(self._on_shutdown)
         self.web.on_cleanup.append(self._on_cleanup)
         self.openapi = build_openapi(ROUTES, VERSION)

@@ -36,7 +36,12 @@ from typing import Any, TypeVar
 from distronet.node import node_parts as parts
 from distronet.node.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from distronet.node.config import NodeConfig
-from distronet.node.coordinator_client import CoordinatorClient, CoordinatorRefused, CoordinatorUnreachable
+from distronet.node.coordinator_client import (
+    CoordinatorClient,
+    CoordinatorClientError,
+    CoordinatorRefused,
+    CoordinatorUnreachable,
+)
 from distronet.node.exitcodes import ExitCode
 from distronet.node.metrics import NodeMetrics
 from distronet.node.optim.distro import DistroOptimizer
@@ -128,6 +133,7 @@ class Node:
         self.verify_until = -1  # after adopting a state, drift-check every step up to here
         self.offered: dict[int, bytes] = {}  # step -> sha256 of the state blob we offer
         self._tokens: Any = None  # the current shard's tokens (numpy, 1-D)
+        self.completed: set[int] = set()  # shard units we reported complete (each reported once)
 
     def _to(self, new: NodeState) -> None:
         if new not in _NEXT[self.state]:
@@ -269,17 +275,23 @@ class Node:
     async def next_shard(self) -> None:
         """Complete the current lease (if any) and lease, fetch and switch to a new shard.
 
-        Keeps training on the old shard when no new one is free. Raises ``NodeError`` when there
-        is no shard at all.
+        Keeps training on the old shard when no new one is free (it is completed only once: the
+        report is queued while the coordinator is down and replayed later). Raises ``NodeError``
+        when there is no shard at all.
         """
         assert self.client is not None
         old = self.feed.lease
-        if old is not None:
-            await deadline(self.client.complete(old), CALL_S, "complete")
-            self.status.shards_done += 1
+        if old is not None and old.unit not in self.completed:
+            self.completed.add(old.unit)
+            try:
+                await deadline(self.client.complete(old), CALL_S, "complete")
+                self.status.shards_done += 1
+                self.status.completed_units.append(old.unit)
+            except CoordinatorRefused as e:  # e.g. our lease expired and went to another node
+                log.warning("shard %s was not credited to this node: %s", old.shard_id, e)
         try:
             leases = await self.client.lease(1)
-        except CoordinatorUnreachable as e:
+        except CoordinatorClientError as e:
             leases = []
             log.warning("cannot lease a new shard now: %s", e)
         if not leases:
@@ -335,7 +347,10 @@ class Node:
         log.info("caught up: adopted the swarm's state at step %d (was at %d)", step, self.step)
         self.step = step
         self.status.resyncs += 1
+        self.status.resync_steps.append(step)
         self.verify_until = step + VERIFY_STEPS
+        if self.core is not None:  # zero momentum: our next packets are masked warm-up packets
+            self.status.warmup_until = self.core.start_warmup(step)
         if self.donor is not None:
             self.offered = {self.step: self.donor.offer(self.step, blob).sha256}
         return True

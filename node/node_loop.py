@@ -18,7 +18,9 @@ from distronet.node.exitcodes import ExitCode
 from distronet.node.node_parts import bootstrap_addrs
 from distronet.node.status import StatusLine
 from distronet.node.swarm.errors import SwarmError
+from distronet.node.swarm.exchange import FellBehind
 from distronet.node.trainer import StepResult
+from distronet.protocol.identity import peer_id_to_b58
 
 if TYPE_CHECKING:
     from distronet.node.daemon import Node
@@ -147,6 +149,11 @@ def _account(node: Node, res: StepResult, wall: float, up0: int, down0: int) -> 
         m.packets.labels("accepted", "").inc(len(report.accepted))
         for code in report.rejected.values():
             m.packets.labels("rejected", code.name).inc()
+        s.record_round(res.step, [peer_id_to_b58(p) for p in report.accepted])
+    if node.core is not None:
+        s.warmup_heard = node.core.warmup_heard
+    if node.client is not None:
+        s.pending_reports = node.client.pending
     digest = node.trainer.digest()
     s.record_digest(res.step, digest)
     m.steps.inc()
@@ -194,6 +201,8 @@ async def _resync(node: Node, err: Exception) -> None:
     state. Raises ``NodeError(NETWORK)`` when none comes within ``shutdown_timeout_s``."""
     from distronet.node.daemon import NodeError
 
+    if isinstance(err, FellBehind):
+        node.status.fell_behind += 1
     log.warning("step %d failed in the exchange (%s); resyncing from peers", node.step, err)
     end = time.monotonic() + node.cfg.shutdown_timeout_s
     while time.monotonic() < end and not node.stop_requested.is_set():

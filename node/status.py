@@ -6,7 +6,8 @@ The line shows step, loss, peers, up/down rate against the budget, shard and con
     shards done 1  own 41/41            (one line on the terminal)
 
 ``StatusFile`` writes the same facts as JSON (atomically), plus the parameter digest of the
-last few steps (``digests``: step -> sha256), so replicas can be compared from outside.
+last few steps (``digests``: step -> sha256) and the accepted set of the last few rounds
+(``accepted``: step -> producers' peer ids), so replicas and rounds can be compared from outside.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Any, TextIO
 __all__ = ["NodeStatus", "StatusFile", "StatusLine", "human_rate"]
 
 KEEP_DIGESTS = 64
+KEEP_ROUNDS = 128
+MAX_UNITS = 1000
 
 
 @dataclasses.dataclass
@@ -49,16 +52,32 @@ class NodeStatus:
     drift_equal: int = 0  # drift checks that found peers at our step with our exact parameters
     drift_differs: int = 0
     resyncs: int = 0  # times this node adopted the swarm's state (newcomer catch-up, failed round)
+    resync_steps: list[int] = dataclasses.field(default_factory=list)  # the steps adopted (recent)
+    fell_behind: int = 0  # rounds that found this node behind the swarm (paused, cut off)
+    warmup_until: int = -1  # our packets for steps below this are masked warm-up packets
+    warmup_heard: int = 0  # warm-up announcements heard from other producers (masked, live)
+    completed_units: list[int] = dataclasses.field(default_factory=list)  # shard units we completed
+    pending_reports: int = 0  # reports queued for the coordinator (it is unreachable)
     digests: dict[int, str] = dataclasses.field(default_factory=dict)
+    accepted: dict[int, list[str]] = dataclasses.field(default_factory=dict)  # step -> producers
 
     def record_digest(self, step: int, digest: str) -> None:
         self.digests[step] = digest
         for old in sorted(self.digests)[:-KEEP_DIGESTS]:
             del self.digests[old]
 
+    def record_round(self, step: int, producers: list[str]) -> None:
+        """The accepted set of ``step`` (base58 peer ids), kept for the last ``KEEP_ROUNDS`` rounds."""
+        self.accepted[step] = producers
+        for old in sorted(self.accepted)[:-KEEP_ROUNDS]:
+            del self.accepted[old]
+
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["digests"] = {str(k): v for k, v in self.digests.items()}
+        d["accepted"] = {str(k): v for k, v in self.accepted.items()}
+        d["completed_units"] = d["completed_units"][-MAX_UNITS:]
+        d["resync_steps"] = d["resync_steps"][-MAX_UNITS:]
         for k in ("loss", "up_budget", "down_budget"):
             if not math.isfinite(d[k]):
                 d[k] = None

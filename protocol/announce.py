@@ -15,8 +15,11 @@ Body (a msgpack map inside a raw ``MessageKind.ANNOUNCEMENT`` frame)::
     "addrs"  array      0..4 multiaddr hints (str, "/"-prefixed printable ASCII, <= 256 bytes
                         each, <= 512 bytes together) where the frame can be pulled
     "sig"    bin        64-byte Ed25519 signature of announcement_signing_bytes(...)
+    "warm"   true       OPTIONAL, present only when set: the producer is warming up (it adopted
+                        the swarm's state a few steps ago); replicas leave its packet out of the
+                        accepted set (the packet is masked) but count the producer as live
 
-With these bounds the whole frame is at most ~810 bytes, under ``max_announcement_bytes`` (1024)
+With these bounds the whole frame is at most ~820 bytes, under ``max_announcement_bytes`` (1024)
 by construction; a frame over that limit is refused (TOO_LARGE) before it is parsed.
 """
 
@@ -59,6 +62,8 @@ MAX_ADDRS = 4
 MAX_ADDR_BYTES_TOTAL = 512
 _ADDR = re.compile(r"/[\x21-\x7e]*")
 _KEYS = frozenset({"v", "run", "step", "peer", "sha", "size", "addrs", "sig"})
+_KEYS_WARM = _KEYS | {"warm"}
+WARMUP_FLAG = 0x01
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,8 @@ class Announcement:
     packet_size: int
     addrs: tuple[str, ...]
     signature: bytes
+    warmup: bool = False
+    """The producer marks this packet as a warm-up packet: masked, never aggregated."""
 
     @property
     def peer_id_b58(self) -> str:
@@ -85,12 +92,23 @@ class Announcement:
 
 
 def announcement_signing_bytes(
-    version: int, run_id: str, step: int, peer_id: bytes, sha: bytes, size: int, addrs: Sequence[str]
+    version: int,
+    run_id: str,
+    step: int,
+    peer_id: bytes,
+    sha: bytes,
+    size: int,
+    addrs: Sequence[str],
+    warmup: bool = False,
 ) -> bytes:
     """The exact bytes an announcement's signature covers (integers big-endian)::
 
     ANNOUNCE_DOMAIN | u16 version | u8 len(run) | run | u64 step | u8 len(peer) | peer
                     | sha (32) | u64 size | u8 n_addrs | n x (u16 len(addr) | addr ASCII)
+                    [| u8 flags = 0x01]      (only for a warm-up announcement)
+
+    Without the warm-up mark the bytes are exactly those of the first version of this schema,
+    so announcements (and their signatures) made before the mark existed stay valid.
     """
     run = run_id.encode("ascii")
     parts = [
@@ -105,6 +123,8 @@ def announcement_signing_bytes(
     for a in addrs:
         raw = a.encode("ascii")
         parts += [struct.pack(">H", len(raw)), raw]
+    if warmup:
+        parts.append(struct.pack(">B", WARMUP_FLAG))
     return b"".join(parts)
 
 
@@ -127,8 +147,11 @@ def seal_announcement(
     *,
     addrs: Sequence[str] = (),
     limits: Limits = DEFAULT_LIMITS,
+    warmup: bool = False,
 ) -> bytes:
     """Sign an announcement of the sealed step-packet ``frame``; returns <= 1 KiB of frame bytes.
+
+    ``warmup`` marks the packet as a warm-up packet (the ``"warm"`` key; see the module doc).
 
     Raises EncodeError on an invalid run id, step, empty or oversize frame, or address hints
     beyond the bounds in the module docstring.
@@ -146,9 +169,9 @@ def seal_announcement(
         )
     sha = hashlib.sha256(frame).digest()
     msg = announcement_signing_bytes(
-        ANNOUNCE_VERSION, run_id, step, identity.peer_id, sha, len(frame), addr_list
+        ANNOUNCE_VERSION, run_id, step, identity.peer_id, sha, len(frame), addr_list, warmup
     )
-    body = {
+    body: dict[str, object] = {
         "v": ANNOUNCE_VERSION,
         "run": run_id,
         "step": step,
@@ -158,6 +181,8 @@ def seal_announcement(
         "addrs": addr_list,
         "sig": identity.sign(msg),
     }
+    if warmup:
+        body["warm"] = True
     out = encode_frame(MessageKind.ANNOUNCEMENT, body, compress=False)
     if len(out) > limits.max_announcement_bytes:
         raise EncodeError(f"announcement of {len(out)} bytes over {limits.max_announcement_bytes}")
@@ -183,7 +208,9 @@ def open_announcement(
         max_array_len=MAX_ADDRS,
     )
     version = ANNOUNCE_VERSION
-    run, step, peer = take_signed_header(m, version=version, keys=_KEYS, what="announcement", limits=limits)
+    warm = "warm" in m
+    keys = _KEYS_WARM if warm else _KEYS
+    run, step, peer = take_signed_header(m, version=version, keys=keys, what="announcement", limits=limits)
 
     def reject(code: RejectCode, detail: str = "") -> Rejected:
         return Rejected(code, detail, run_id=run, peer_id=_b58(peer), step=step)
@@ -192,13 +219,15 @@ def open_announcement(
     size = take_int(m, "size", 1, limits.max_frame_bytes)
     sig = take_bin(m, "sig", SIGNATURE_BYTES, SIGNATURE_BYTES)
     addrs = m["addrs"]
+    if warm and m["warm"] is not True:
+        raise reject(RejectCode.MALFORMED, "field 'warm' must be true when present")
     if not _addrs_ok(addrs, limits):
         raise reject(RejectCode.MALFORMED, "field 'addrs' must be up to 4 multiaddr strings")
     if run != run_id:
         raise reject(RejectCode.WRONG_RUN, f"expected run {run_id!r}")
     if current_step is not None and not limits.step_in_window(step, current_step):
         raise reject(RejectCode.STALE_STEP, f"current step {current_step}")
-    msg = announcement_signing_bytes(version, run, step, peer, sha, size, addrs)
+    msg = announcement_signing_bytes(version, run, step, peer, sha, size, addrs, warm)
     if not verify(peer, msg, sig):
         raise reject(RejectCode.BAD_SIGNATURE)
-    return Announcement(version, run, step, peer, sha, size, tuple(addrs), sig)
+    return Announcement(version, run, step, peer, sha, size, tuple(addrs), sig, warm)

@@ -19,6 +19,20 @@ A round's life at one replica (step ``t``):
 
 Replicas that saw the same manifests apply byte-identical accepted sets; one that missed the
 leader's manifest can diverge, which the daemon's periodic parameter-hash check catches.
+
+**Warm-up masking.** A replica that has just adopted the swarm's state (a newcomer, or one that
+resynced) starts with zero momentum; for ``warmup_mask_steps`` steps it still publishes, but its
+announcements carry the signed warm-up mark (``protocol.announce``, key ``warm``). Every replica
+counts such a producer as live (``warmup_heard``) but neither pulls its frame nor lets it lead:
+leaders leave warm-up frames out of their manifest, so the accepted set — and the update every
+replica applies — is the same everywhere. The masked replica's optimizer sees its packet not
+accepted and keeps what it sent in its momentum (error feedback), which is its warm-up. Only when
+every producer of a round is warming up are their packets taken as they are.
+
+**Falling behind.** A replica that was paused (SIGSTOP, a laptop lid) wakes up rounds behind the
+swarm: its next round has no other producer while valid announcements of its peers are for steps
+past its window. ``collect`` then raises ``FellBehind`` (a ``RoundUnavailable``) instead of
+applying a round of one, and the daemon adopts the swarm's current state.
 ``SwarmExchange`` wraps the async core in the synchronous ``Exchange`` interface for a trainer
 running in a worker thread while the swarm's event loop runs elsewhere.
 """
@@ -48,18 +62,20 @@ from distronet.node.exchange.base import (
 )
 from distronet.node.swarm.control import open_stream
 from distronet.node.swarm.errors import PullError, SwarmError
+from distronet.node.swarm.holdback import HoldBack
 from distronet.node.swarm.manifest import Entry, RoundManifest, leader_rank, open_manifest, seal_manifest
 from distronet.node.swarm.p2p import with_deadline
 from distronet.node.swarm.pubsub import Gossip, Subscription
 from distronet.node.swarm.stack import Swarm
 from distronet.protocol.announce import Announcement, open_announcement, seal_announcement
-from distronet.protocol.errors import RejectCode, Rejected
+from distronet.protocol.errors import ConfigError, RejectCode, Rejected
 from distronet.protocol.limits import DEFAULT_LIMITS, Limits
 
 __all__ = [
     "MANIFEST_PULL_PROTOCOL",
     "AsyncSwarmExchange",
     "ExchangeConfig",
+    "FellBehind",
     "SwarmExchange",
     "manifest_topic",
 ]
@@ -76,6 +92,15 @@ def manifest_topic(run_id: str) -> str:
     return f"distronet/{run_id}/manifest"
 
 
+class FellBehind(RoundUnavailable):
+    """This replica's round had no other producer while its peers announce steps past its
+    window (up to ``swarm_step``): it was paused or cut off and must adopt the swarm's state."""
+
+    def __init__(self, message: str, swarm_step: int) -> None:
+        super().__init__(message)
+        self.swarm_step = swarm_step
+
+
 @dataclass(frozen=True)
 class ExchangeConfig:
     """Round timing (seconds) and bounds. ``round_deadline_s`` is the initial deadline; the daemon
@@ -87,7 +112,13 @@ class ExchangeConfig:
     pull_timeout_s: float = 30.0
     retention: int = 8
     max_manifest_entries: int = 1024
+    warmup_mask_steps: int = 3
+    """Steps a replica that adopted the swarm's state publishes masked packets (module doc)."""
     limits: Limits = DEFAULT_LIMITS
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.warmup_mask_steps <= 1000:
+            raise ConfigError(f"warmup_mask_steps must be in 0..1000, got {self.warmup_mask_steps}")
 
 
 @dataclass
@@ -97,6 +128,7 @@ class _RoundState:
     frames: dict[bytes, tuple[bytes, bytes]] = field(default_factory=dict)  # peer -> (sha, frame)
     pulls: dict[bytes, asyncio.Task[None]] = field(default_factory=dict)
     manifests: dict[bytes, RoundManifest] = field(default_factory=dict)  # leader -> manifest
+    warm: set[bytes] = field(default_factory=set)  # producers whose packet is a masked warm-up one
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     frozen: bool = False
     deciding: asyncio.Task[Round] | None = None
@@ -120,6 +152,16 @@ class AsyncSwarmExchange:
         self.skipped_for_budget = 0
         self._inflight_bytes = 0  # announced frames being pulled, reserved against the download budget
         self.round_deadline_s = config.round_deadline_s  # settable; open rounds see a change at once
+        self.warmup_until = -1  # our packets for steps below this are published masked (warm-up)
+        self.warmup_heard = 0  # warm-up announcements of other producers: live, but masked
+        self._early_notes: HoldBack[Announcement] = HoldBack(config.retention)  # past our window
+        self._early_manifests: HoldBack[RoundManifest] = HoldBack(config.retention)
+
+    def start_warmup(self, step: int) -> int:
+        """Publish masked packets for ``step`` .. ``step + warmup_mask_steps - 1``; returns the
+        first step whose packet counts again."""
+        self.warmup_until = step + self.config.warmup_mask_steps
+        return self.warmup_until
 
     @classmethod
     async def create(cls, swarm: Swarm, config: ExchangeConfig | None = None) -> AsyncSwarmExchange:
@@ -176,7 +218,23 @@ class AsyncSwarmExchange:
             for old in [s for s in self._rounds if not step - keep < s <= step + lead]:
                 del self._rounds[old]
             self.swarm.puller.store.evict_before(step - keep + 1)
+            self._release_held(step - keep + 1, step + lead)
         return state
+
+    def _ahead_of_window(self, step: int) -> bool:
+        return self._newest >= 0 and step > self._newest + self.config.limits.max_step_lead
+
+    def _release_held(self, low: int, high: int) -> None:
+        """Hand held announcements and manifests of steps now inside the window to their rounds."""
+        for step, _, ann in self._early_notes.take(low, high):
+            held = self._rounds.get(step) or self._round(step, local=False)
+            if held is not None:
+                self._admit(held, ann)
+        for step, leader, man in self._early_manifests.take(low, high):
+            held = self._rounds.get(step) or self._round(step, local=False)
+            if held is not None and held.decided is None:
+                held.manifests.setdefault(leader, man)
+                held.changed.set()
 
     async def publish(self, step: int, frame: bytes) -> None:
         """Store our frame for pullers and gossip its announcement (never waits on peers)."""
@@ -190,10 +248,13 @@ class AsyncSwarmExchange:
         self._own.add(step)
         sha = self.swarm.puller.store.put(frame, step)
         state.frames[self.peer_id] = (sha, frame)
+        warm = step < self.warmup_until
+        if warm:
+            state.warm.add(self.peer_id)
         self._stats.packets_up += 1
         self._stats.bytes_up_by_step[step] = len(frame)
         note = seal_announcement(
-            self.swarm.identity, self.swarm.run_id, step, frame, limits=self.config.limits
+            self.swarm.identity, self.swarm.run_id, step, frame, limits=self.config.limits, warmup=warm
         )
         self._spawn(self._gossip(self.swarm.gossip, self.swarm.topic, note))
 
@@ -217,14 +278,25 @@ class AsyncSwarmExchange:
             raise Rejected(RejectCode.WRONG_PEER, "announcement relayed under another sender")
         state = self._round(ann.step, local=False)
         if state is None:
+            if self._ahead_of_window(ann.step):  # refused now, held in case we get there
+                self._early_notes.hold(ann.peer_id, ann.step, ann)
             raise Rejected(
                 RejectCode.STALE_STEP, f"announcement for step {ann.step}, window at {self._newest}"
             )
-        if state.frozen:
-            self._stats.late_dropped += 1
-            return
+        self._admit(state, ann)
+
+    def _admit(self, state: _RoundState, ann: Announcement) -> None:
+        """A valid announcement of a round in our window: note it and pull its frame if we can."""
         if ann.peer_id in state.announced:
             self._stats.duplicates_dropped += 1
+            return
+        if ann.warmup:  # live, but its packet is masked: no pull, no lead, not in any manifest
+            state.announced[ann.peer_id] = ann
+            state.warm.add(ann.peer_id)
+            self.warmup_heard += 1
+            return
+        if state.frozen:
+            self._stats.late_dropped += 1
             return
         state.announced[ann.peer_id] = ann
         left = state.opened_at + self.round_deadline_s - time.monotonic()
@@ -269,6 +341,8 @@ class AsyncSwarmExchange:
             raise Rejected(RejectCode.WRONG_PEER, "manifest relayed under another sender")
         state = self._round(man.step, local=False)
         if state is None:
+            if self._ahead_of_window(man.step):
+                self._early_manifests.hold(man.leader, man.step, man)
             raise Rejected(RejectCode.STALE_STEP, f"manifest for step {man.step}, window at {self._newest}")
         if state.decided is None:
             state.manifests.setdefault(man.leader, man)
@@ -292,19 +366,35 @@ class AsyncSwarmExchange:
         if state.decided is not None:
             return state.decided
         state.frozen = True
-        ranked = sorted(set(state.announced) | set(state.frames), key=lambda p: leader_rank(step, p))
+        producers = set(state.announced) | set(state.frames)
+        if producers <= {self.peer_id}:
+            self._check_behind(step)
+        eligible = (producers - state.warm) or producers  # all warming up: take them as they are
+        ranked = sorted(eligible, key=lambda p: leader_rank(step, p))
         if self.peer_id in ranked:
             self._spawn(self._lead(step, state, ranked.index(self.peer_id)))
         manifest = await self._await_manifest(step, state, ranked)
         state.decided = await self._fill(step, state, manifest)
         return state.decided
 
+    def _check_behind(self, step: int) -> None:
+        """Raise ``FellBehind`` when peers announced steps past our window for ``step``."""
+        lead = self.config.limits.max_step_lead
+        ahead = [s for s in self._early_notes.newest().values() if s > step + lead]
+        if ahead:
+            raise FellBehind(
+                f"step {step}: no other producer in this round while {len(ahead)} peer(s) announce "
+                f"steps up to {max(ahead)}; this replica fell behind the swarm",
+                max(ahead),
+            )
+
     async def _lead(self, step: int, state: _RoundState, position: int) -> None:
         await asyncio.sleep(position * self.config.manifest_grace_s)
         mine = leader_rank(step, self.peer_id)
         if state.decided is not None or any(m.rank < mine for m in state.manifests.values()):
             return
-        entries: list[Entry] = [(p, sha, len(fr)) for p, (sha, fr) in state.frames.items()]
+        masked = state.warm if set(state.frames) - state.warm else set()
+        entries: list[Entry] = [(p, sha, len(fr)) for p, (sha, fr) in state.frames.items() if p not in masked]
         data = seal_manifest(self.swarm.identity, self.swarm.run_id, step, entries)
         state.sealed = data
         state.manifests[self.peer_id] = open_manifest(

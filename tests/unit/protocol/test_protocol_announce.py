@@ -103,3 +103,25 @@ def test_seal_refuses_bad_input() -> None:
     ):
         with pytest.raises(EncodeError):
             seal_announcement(ME, *args, **kw)  # type: ignore[arg-type]
+
+
+def test_warm_up_mark_is_signed_and_optional() -> None:
+    plain = seal_announcement(ME, RUN, 3, FRAME, addrs=[ADDR])
+    warm = seal_announcement(ME, RUN, 3, FRAME, addrs=[ADDR], warmup=True)
+    assert "warm" not in body_of(plain) and body_of(warm)["warm"] is True
+    assert not opened(plain).warmup and opened(warm).warmup
+    assert len(warm) <= len(plain) + 8
+    # the mark is covered by the signature: it can be neither stripped nor added by a relay
+    stripped = {k: v for k, v in body_of(warm).items() if k != "warm"}
+    assert code_of(reframe(stripped)) == RejectCode.BAD_SIGNATURE
+    assert code_of(reframe({**body_of(plain), "warm": True})) == RejectCode.BAD_SIGNATURE
+    for value in (False, 1, "yes"):
+        assert code_of(reframe({**body_of(warm), "warm": value})) == RejectCode.MALFORMED, value
+
+
+def test_unmarked_announcement_signs_the_first_schema_bytes() -> None:
+    from distronet.protocol.announce import announcement_signing_bytes
+
+    args = (1, RUN, 3, ME.peer_id, bytes(32), 10, [ADDR])
+    assert announcement_signing_bytes(*args) == announcement_signing_bytes(*args, False)
+    assert announcement_signing_bytes(*args, True) == announcement_signing_bytes(*args) + b"\x01"

@@ -359,7 +359,9 @@
     const pts = st.losses.slice().sort((a, b) => a.step - b.step);
     chart.dataset.version = String(st.lossVersion);
     chart.dataset.points = String(pts.length);
-    const W = 640, H = 220, L = 56, R = 12, T = 12, B = 28;
+    // Drawn in CSS pixels (the viewBox is the element's size), so text is never stretched.
+    const W = Math.max(320, Math.round(chart.clientWidth || 640)), H = 220, L = 56, R = 12, T = 12, B = 28;
+    chart.setAttribute('viewBox', '0 0 ' + W + ' ' + H);
     const parts = [svg('rect', { x: L, y: T, width: W - L - R, height: H - T - B, class: 'plot' })];
     if (pts.length === 0) {
       parts.push(svg('text', { x: W / 2, y: H / 2, 'text-anchor': 'middle', class: 'empty' }, 'no loss reported yet'));
@@ -491,6 +493,7 @@
     connect();
     setInterval(refresh, REFRESH_EVERY_MS);
     setInterval(renderPeers, 1000); // "last seen" ages
+    window.addEventListener('resize', () => { $('loss-chart').dataset.version = ''; renderSoon(); });
   }
 
   document.addEventListener('DOMContentLoaded', start);

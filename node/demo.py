@@ -51,8 +51,14 @@ def write_run(
     model: dict[str, Any] | None = None,
     round_deadline_s: float = 0.6,
     lr: float = 3e-3,
+    lease_ttl_s: float = 60.0,
+    node_timeout_s: float = 15.0,
 ) -> Path:
-    """Shards of the built-in corpus, their manifest and a run TOML under ``folder``; the TOML's path."""
+    """Shards of the built-in corpus, their manifest and a run TOML under ``folder``; the TOML's path.
+
+    A shard of ``shard_tokens`` tokens lasts ``shard_tokens // (batch * seq_len)`` steps; a lease
+    not renewed (by heartbeats) for ``lease_ttl_s`` seconds expires and is reissued.
+    """
     from distronet.node.data import load_builtin_corpus
 
     data = folder / "data"
@@ -74,12 +80,13 @@ def write_run(
     model_toml = "\n".join(f"{k} = {json.dumps(v)}" for k, v in m.items())
     run = folder / "run.toml"
     run.write_text(
-        f'id = "{run_id}"\nheartbeat_interval_s = 2.0\nnode_timeout_s = 15.0\n'
+        f'id = "{run_id}"\nheartbeat_interval_s = 2.0\nnode_timeout_s = {node_timeout_s}\n'
         f"[model]\n{model_toml}\n"
         f'[optimizer]\nname = "distro"\npreset = "ours_k32"\nlr = {lr}\nchunk = 32\nk = 8\n'
         f'[exchange]\nstrategy = "all-gather"\nround_deadline_s = {round_deadline_s}\n'
         "manifest_grace_s = 0.2\nmanifest_wait_s = 1.5\npull_timeout_s = 10.0\n"
-        '[data]\nmanifest = "data/manifest.json"\nepochs = 100\nlease_ttl_s = 60\nmax_leases_per_node = 1\n'
+        f'[data]\nmanifest = "data/manifest.json"\nepochs = 100\nlease_ttl_s = {lease_ttl_s}\n'
+        "max_leases_per_node = 1\n"
     )
     return run
 
@@ -146,6 +153,13 @@ class LocalSwarm:
         )
         self.node_dirs.append(d)
         return i
+
+    def api(self, path: str, timeout: float = 10.0) -> Any:
+        """GET ``/api/v1{path}`` from the coordinator as JSON (raises ``OSError`` when it is down)."""
+        import urllib.request
+
+        with urllib.request.urlopen(f"{self.url}/api/v1{path}", timeout=timeout) as r:
+            return json.load(r)
 
     def status(self, i: int) -> dict[str, Any]:
         """Node ``i``'s status.json ({} before its first write)."""

@@ -157,9 +157,15 @@
         getJSON('/runs/' + id + '/nodes'),
         getJSON('/runs/' + id + '/leaderboard?limit=' + LEADERBOARD_ROWS),
       ]);
+      // A read that started before a step event must not move the step back: steps only grow.
+      if (st.run) run.progress.step = Math.max(run.progress.step, st.run.progress.step);
       st.run = run;
       const fresh = new Map();
-      for (const n of nodes.nodes) fresh.set(n.peer_id, n);
+      for (const n of nodes.nodes) {
+        const old = st.nodes.get(n.peer_id);
+        if (old) n.last_step = Math.max(n.last_step, old.last_step || 0);
+        fresh.set(n.peer_id, n);
+      }
       st.nodes = fresh;
       st.leaderboard = board.leaderboard;
       showMessage('');

@@ -80,3 +80,10 @@ def test_status_line_shows_rates_against_budget() -> None:
     text = out.getvalue()
     assert "step 3" in text and "loss 2.500" in text and "(10%)" in text and "shard s1" in text
     assert s.to_json()["down_budget"] is None and math.isinf(s.down_budget)
+
+
+def test_run_exchange_table_sets_the_warm_up_mask() -> None:
+    assert exchange_config({}).warmup_mask_steps == 3
+    assert exchange_config({"warmup_mask_steps": 5}).warmup_mask_steps == 5
+    with pytest.raises(ConfigError):
+        exchange_config({"warmup_mask_steps": -1})

@@ -7,7 +7,9 @@ Wire (protocol ``/distronet/pull/1``), one request per stream::
 
 The puller checks the declared size against its limit (and the announced size) *before* reading,
 reads through the download budget, verifies the hash, and keeps the bytes in its own store so
-that other peers can pull them from it. The server sends through the upload budget.
+that other peers can pull them from it. The server sends through the upload budget. Every byte
+of both messages is counted (``Bandwidth.send``/``receive``/``sent``/``received``: the wire
+estimate, and the acknowledgements each direction causes in the other).
 """
 
 from __future__ import annotations
@@ -151,6 +153,7 @@ class Puller:
 
     async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         req = await reader.readexactly(_REQUEST_LEN)
+        self.bandwidth.received(len(req))
         if req[:4] != _MAGIC:
             return
         digest, max_bytes = req[4:36], int.from_bytes(req[36:], "big")
@@ -161,12 +164,12 @@ class Puller:
             writer.write(encode_response_header(_TOO_LARGE, len(data)))
         else:
             head = encode_response_header(_OK, len(data))
-            self.bandwidth.up.record(len(head))
+            self.bandwidth.sent(len(head))
             writer.write(head)
             view = memoryview(data)
             for off in range(0, len(data), _CHUNK):
                 piece = view[off : off + _CHUNK]
-                await self.bandwidth.up.acquire(len(piece))
+                await self.bandwidth.send(len(piece))
                 writer.write(piece)
                 await writer.drain()
             self.served += 1
@@ -208,13 +211,15 @@ class Puller:
         except Exception as e:
             raise PullError(f"cannot open a pull stream to {who}: {e}") from e
         try:
-            writer.write(encode_request(digest, max_bytes))
+            request = encode_request(digest, max_bytes)
+            self.bandwidth.sent(len(request))
+            writer.write(request)
             await writer.drain()
             try:
                 head = await reader.readexactly(9)
             except asyncio.IncompleteReadError:
                 raise Rejected(RejectCode.TRUNCATED, "pull response header", peer_id=who) from None
-            self.bandwidth.down.record(len(head))
+            self.bandwidth.received(len(head))
             status, declared = head[0], int.from_bytes(head[1:], "big")
             if status == _NOT_FOUND:
                 raise PullError(f"{who} does not have {digest.hex()[:16]}")
@@ -236,7 +241,7 @@ class Puller:
         buf, hasher = bytearray(), hashlib.sha256()
         while len(buf) < size:
             n = min(_CHUNK, size - len(buf))
-            await self.bandwidth.down.acquire(n)
+            await self.bandwidth.receive(n)
             try:
                 piece = await reader.readexactly(n)
             except asyncio.IncompleteReadError as e:

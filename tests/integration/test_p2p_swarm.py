@@ -20,7 +20,7 @@ import psutil
 import pytest
 import pytest_asyncio
 
-from distronet.node.budget import Bandwidth
+from distronet.node.budget import EXACT, Bandwidth
 from distronet.node.swarm.errors import DaemonError, GossipError, PullError
 from distronet.node.swarm.membership import MembershipConfig
 from distronet.node.swarm.p2p import SwarmConfig, SwarmHost
@@ -77,7 +77,7 @@ async def nodes(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[list[
     tmp = tmp_path_factory.mktemp("swarm")
     metrics = f"127.0.0.1:{free_port()}"
     a = await start_node(
-        tmp, "a", bandwidth=Bandwidth.from_rates("40mbit", "unlimited"), metrics_addr=metrics
+        tmp, "a", bandwidth=Bandwidth.from_rates("40mbit", "unlimited", wire=EXACT), metrics_addr=metrics
     )
     started = [a]
     try:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from distronet.node.budget import Bandwidth, BudgetExceeded, TokenBucket, format_rate, parse_rate
+from distronet.node.budget import EXACT, Bandwidth, BudgetExceeded, TokenBucket, format_rate, parse_rate
 from distronet.protocol.errors import ConfigError
 
 
@@ -143,7 +143,7 @@ def test_bad_construction_is_a_config_error() -> None:
 
 
 async def test_real_time_rate_with_deadline() -> None:
-    bw = Bandwidth.from_rates("8mbit", "unlimited")  # 1 MB/s, burst 100 KB
+    bw = Bandwidth.from_rates("8mbit", "unlimited", wire=EXACT)  # 1 MB/s, burst 100 KB
     start = time.monotonic()
     await asyncio.wait_for(bw.up.acquire(300_000), timeout=2.0)
     elapsed = time.monotonic() - start

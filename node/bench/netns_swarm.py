@@ -1,0 +1,112 @@
+"""A real coordinator in the root namespace and real ``distro-node join`` processes in shaped ones.
+
+:class:`NetnsSwarm` is :class:`distronet.node.demo.LocalSwarm` (status files, step waits, stop
+and clean-up) with two differences: the coordinator listens on the bridge address of a
+:class:`~distronet.node.bench.netns.ShapedNet`, and node ``i`` runs inside namespace ``i``
+(``ip netns exec``), listening on its own address, with the budget it is given.
+:func:`write_shaped_run` writes the run (data shards from ``demo.write_run``; model, optimizer
+and exchange timing as given).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from distronet.node.bench.netns import ShapedNet
+from distronet.node.demo import LocalSwarm, SwarmFailure, write_run
+
+__all__ = ["NetnsSwarm", "SwarmFailure", "write_shaped_run"]
+
+
+def _toml_table(name: str, values: dict[str, Any]) -> str:
+    return f"[{name}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items())
+
+
+def write_shaped_run(
+    folder: Path,
+    run_id: str,
+    *,
+    model: dict[str, Any],
+    optimizer: dict[str, Any],
+    exchange: dict[str, Any],
+    shards: int = 8,
+    shard_tokens: int = 20_000,
+) -> Path:
+    """The run TOML under ``folder`` (shards of the built-in corpus beside it); its path.
+
+    ``optimizer`` holds ``DistroConfig`` overrides (``preset``, ``k``, ``overlap``, ...);
+    ``exchange`` the ``ExchangeConfig`` timing (``round_deadline_s``, ...).
+    """
+    run = write_run(folder, run_id, shards=shards, shard_tokens=shard_tokens, model=model)
+    run.write_text(
+        f'id = "{run_id}"\nheartbeat_interval_s = 2.0\nnode_timeout_s = 15.0\n'
+        + _toml_table("model", model)
+        + _toml_table("optimizer", {"name": "distro", **optimizer})
+        + _toml_table("exchange", {"strategy": "all-gather", **exchange})
+        + _toml_table(
+            "data",
+            {"manifest": "data/manifest.json", "epochs": 100, "lease_ttl_s": 60, "max_leases_per_node": 1},
+        )
+    )
+    return run
+
+
+class NetnsSwarm(LocalSwarm):
+    """Coordinator on ``net.host_ip``; node ``i`` inside ``net.ns(i)``. A context manager."""
+
+    def __init__(self, net: ShapedNet, folder: Path, run_toml: Path, run_id: str) -> None:
+        super().__init__(folder, run_toml, run_id, log=False)
+        self.net = net
+
+    def start_coordinator(self, timeout: float = 30.0, *, port: int = 0) -> str:
+        port_file = self.folder / "coordinator.port"
+        port_file.unlink(missing_ok=True)
+        self.coordinator = subprocess.Popen(
+            [sys.executable, "-m", "distronet.coordinator.cli", "serve", "--host", self.net.host_ip,
+             "--port", str(port), "--port-file", str(port_file),
+             "--data-dir", str(self.folder / "coordinator"), "--run", str(self.run_toml),
+             "--operator-token", "demo", "--sqlite-sync", "NORMAL", "--log-level", "warning",
+             "--peer-rate", "200", "--peer-burst", "400", "--ip-rate", "500", "--ip-burst", "1000"],
+            stdout=self._out("coordinator"), stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+        def up() -> bool:
+            if self.coordinator is not None and self.coordinator.poll() is not None:
+                raise SwarmFailure(f"the coordinator exited with {self.coordinator.returncode} at start")
+            return port_file.exists() and port_file.read_text().strip().isdigit()
+
+        end = time.monotonic() + timeout
+        while not up():
+            if time.monotonic() > end:
+                raise SwarmFailure(f"timed out after {timeout:.0f} s waiting for the coordinator's port file")
+            time.sleep(0.1)
+        self.url = f"http://{self.net.host_ip}:{port_file.read_text().strip()}"
+        return self.url
+
+    def start_node(self, *extra: str, min_peers: int = 1, status: str = "off") -> int:
+        """Start the next node (index = how many were started) in its namespace; its index.
+
+        ``extra`` flags follow the defaults, so ``--up``/``--down`` given there win.
+        """
+        i = len(self.nodes)
+        if i >= self.net.n:
+            raise SwarmFailure(f"only {self.net.n} namespaces were built")
+        d = self.folder / f"node{i}"
+        d.mkdir(exist_ok=True)
+        env = {**os.environ, "DISTRO_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        cmd = [*self.net.exec_prefix(i), sys.executable, "-m", "distronet.node.cli", "join", self.run_id,
+               "--coordinator", self.url, "--data-dir", str(d),
+               "--listen", f"/ip4/{self.net.node_ip(i)}/tcp/0", "--no-nat-traversal",
+               "--gossip-heartbeat-s", "0.5", "--min-peers", str(min_peers), "--status", status,
+               "--log-level", "warning", *extra]  # fmt: skip
+        self.nodes.append(
+            subprocess.Popen(cmd, env=env, stdout=self._out(f"node{i}"), stderr=subprocess.STDOUT)
+        )
+        self.node_dirs.append(d)
+        return i

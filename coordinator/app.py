@@ -1,8 +1,9 @@
 """The HTTP face of the coordinator: one route table, one request pipeline, aiohttp underneath.
 
 Pipeline of every call (:meth:`CoordinatorApp._wrap`): declared body size (413) -> auth
-(operator bearer 401/403, or signature headers 401/403) -> body read within the route's limit
-(413) -> signature (403; a forgery counts against its IP's rate) -> per-client rate limit
+(operator bearer 401/403, or signature / session headers 401/403) -> body read within the
+route's limit (413) -> signature or session MAC (403; a forgery counts against its IP's rate)
+-> per-client rate limit
 (429: per peer once verified, per IP otherwise) -> nonce (403) -> JSON + schema (400/415) ->
 operation -> wait until its writes are durable -> JSON answer. Errors are typed JSON bodies
 (:func:`distronet.protocol.coordinator_api.error_body`); nothing unexpected becomes a bare 500.
@@ -23,7 +24,17 @@ from typing import Any
 from aiohttp import web
 
 from distronet.coordinator import handlers
-from distronet.coordinator.auth import NonceCache, RateLimiter, check_bearer, parse_signed, verify_signed
+from distronet.coordinator.auth import (
+    MacHeaders,
+    NonceCache,
+    RateLimiter,
+    SignedHeaders,
+    check_bearer,
+    parse_mac,
+    parse_signed,
+    verify_mac,
+    verify_signed,
+)
 from distronet.coordinator.config import CoordinatorConfig
 from distronet.coordinator.dashboard_static import add_dashboard_routes
 from distronet.coordinator.events import EventBus
@@ -31,9 +42,11 @@ from distronet.coordinator.groupcommit import GroupCommitter
 from distronet.coordinator.metrics import Metrics
 from distronet.coordinator.openapi import build_openapi
 from distronet.coordinator.service import Coordinator
+from distronet.coordinator.sessions import SessionTable
 from distronet.coordinator.store import Store, open_store
 from distronet.protocol import coordinator_api as api
 from distronet.protocol.coordinator_api import API_PREFIX, ApiError, ApiErrorCode, Schema, error_body
+from distronet.protocol.coordinator_session import HDR_SESSION, SESSION
 
 __all__ = ["ROUTES", "CoordinatorApp", "Ctx", "Route"]
 
@@ -43,7 +56,11 @@ VERSION = "0.1.0"
 
 @dataclass(frozen=True)
 class Route:
-    """One API route. ``auth`` is none|operator|signed; ``limit`` is node|operator (body size)."""
+    """One API route. ``auth`` is none|operator|signed; ``limit`` is node|operator (body size).
+
+    A ``signed`` route also takes a session MAC in place of the signature unless ``mac`` is False
+    (opening a session needs the peer key itself).
+    """
 
     method: str
     path: str
@@ -53,6 +70,7 @@ class Route:
     summary: str
     limit: str = "node"
     raw: bool = False  # the handler builds its own response (SSE, files, metrics)
+    mac: bool = True
 
     @property
     def full_path(self) -> str:
@@ -119,6 +137,15 @@ ROUTES: list[Route] = [
         "A challenge to sign for join.",
     ),
     R("POST", "/runs/{run_id}/join", "join", "none", api.JOIN, "Join with a signed challenge."),
+    R(
+        "POST",
+        "/runs/{run_id}/session",
+        "session",
+        "signed",
+        SESSION,
+        "Open a session: X25519 key exchange signed with the peer key; later calls carry an HMAC.",
+        mac=False,
+    ),
     R("POST", "/runs/{run_id}/receipts", "receipts", "signed", api.RECEIPTS, "Signed packet receipts."),
     R("POST", "/runs/{run_id}/leave", "leave", "signed", api.EMPTY, "Leave the run, giving leases back."),
     R("GET", "/metrics", "metrics", "none", None, "Prometheus metrics.", raw=True),
@@ -129,21 +156,23 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+# Built once: json.loads/json.dumps with options build a new decoder/encoder on every call.
+_DECODE = json.JSONDecoder(parse_constant=_no_constant).decode
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def _parse_json(body: bytes) -> Any:
     if not body:
         return {}
     try:
-        return json.loads(body, parse_constant=_no_constant)
-    except (ValueError, RecursionError):
+        return _DECODE(body.decode())
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         raise ApiError(ApiErrorCode.MALFORMED, "body is not valid JSON (UTF-8, no NaN/Infinity)") from None
 
 
 def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(
-        body=json.dumps(obj, separators=(",", ":")).encode(),
-        status=status,
-        content_type="application/json",
-        headers=headers,
+        body=_ENCODE(obj).encode(), status=status, content_type="application/json", headers=headers
     )
 
 
@@ -161,6 +190,7 @@ class CoordinatorApp:
         self.svc = Coordinator(self.committer, self.events, clock=clock)
         self.metrics = Metrics(self.svc)
         self.nonces = NonceCache(2 * cfg.clock_skew_s)
+        self.sessions = SessionTable(cfg.session_ttl_s)
         self.peer_limits = RateLimiter(cfg.peer_rate, cfg.peer_burst)
         self.ip_limits = RateLimiter(cfg.ip_rate, cfg.ip_burst)
         self.started_ms = int(clock() * 1000)
@@ -192,6 +222,7 @@ class CoordinatorApp:
             await asyncio.sleep(self.cfg.sweep_interval_s)
             try:
                 self.svc.sweep()
+                self.sessions.prune(self.clock())
             except ApiError:
                 return  # storage failed; _fatal handles the shutdown
 
@@ -263,12 +294,26 @@ class CoordinatorApp:
             peer: str | None = None
             if r.auth == "signed":
                 now = self.clock()
-                h = parse_signed(
-                    request.headers, skew_s=self.cfg.clock_skew_s, not_before_ms=self.started_ms, now=now
-                )
+                hdrs = request.headers
+                h: MacHeaders | SignedHeaders
+                if r.mac and HDR_SESSION in hdrs:
+                    h = parse_mac(
+                        hdrs,
+                        self.sessions,
+                        run_id=request.match_info.get("run_id"),
+                        skew_s=self.cfg.clock_skew_s,
+                        not_before_ms=self.started_ms,
+                        now=now,
+                    )
+                    check: Callable[[Any, str, str, bytes], None] = verify_mac
+                else:
+                    h = parse_signed(
+                        hdrs, skew_s=self.cfg.clock_skew_s, not_before_ms=self.started_ms, now=now
+                    )
+                    check = verify_signed
                 body = await self._read(request, limit) if is_post else b""
                 try:
-                    verify_signed(h, request.method, request.path_qs, body)
+                    check(h, request.method, request.path_qs, body)
                 except ApiError:  # forgeries count against their IP, never against the peer they name
                     self._limit(self.ip_limits, request.remote or "?")
                     raise
@@ -287,7 +332,11 @@ class CoordinatorApp:
                 body = await self._read(request, limit) if is_post else b""
             parsed: dict[str, Any] = {}
             if r.schema is not None:
-                if body and request.content_type != "application/json":
+                if (
+                    body
+                    and request.headers.get("Content-Type") != "application/json"
+                    and request.content_type != "application/json"
+                ):
                     raise ApiError(ApiErrorCode.UNSUPPORTED_MEDIA, "send the body as application/json")
                 parsed = r.schema.validate(_parse_json(body))
             result = op(self, Ctx(request, parsed, peer))

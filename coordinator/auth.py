@@ -1,10 +1,14 @@
-"""Who may call what: the operator's bearer token, signed node requests, replay and rate limits.
+"""Who may call what: the operator's bearer token, node requests (signed, or MAC'd under a
+session), replay and rate limits.
 
 A signed request is accepted when its peer id parses, its time is within ``skew_s`` of ours
 (and not before this process started: nonces are remembered in memory only, so a restart
 refuses anything signed before it), the Ed25519 signature over :func:`request_message`
-verifies, and its nonce is new. The signature is checked before the nonce is recorded, so a
-forger cannot burn a peer's nonces.
+verifies, and its nonce is new. A session request is accepted on the same terms, with an
+HMAC-SHA256 under the session's key (:mod:`distronet.coordinator.sessions`) in place of the
+signature; an unknown or expired session id is answered 401 ``unknown_session``. The
+signature or MAC is checked before the nonce is recorded, so a forger cannot burn a peer's
+nonces.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections import deque
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from distronet.coordinator.sessions import Session, SessionTable
 from distronet.protocol import identity
 from distronet.protocol.coordinator_api import (
     HDR_NONCE,
@@ -29,8 +34,19 @@ from distronet.protocol.coordinator_api import (
     b64decode_sig,
     request_message,
 )
+from distronet.protocol.coordinator_session import HDR_MAC, HDR_SESSION, b64decode_mac
 
-__all__ = ["NonceCache", "RateLimiter", "SignedHeaders", "check_bearer", "parse_signed", "verify_signed"]
+__all__ = [
+    "MacHeaders",
+    "NonceCache",
+    "RateLimiter",
+    "SignedHeaders",
+    "check_bearer",
+    "parse_mac",
+    "parse_signed",
+    "verify_mac",
+    "verify_signed",
+]
 
 # peer id string -> public key: parsing base58 costs more than the rest of the check.
 _KEYS: dict[str, Ed25519PublicKey] = {}
@@ -81,6 +97,12 @@ def parse_signed(headers: object, *, skew_s: float, not_before_ms: int, now: flo
         if len(_KEYS) >= _MAX_KEYS:
             _KEYS.clear()
         _KEYS[peer] = key
+    ts_ms = _check_time_nonce(ts, nonce, skew_s, not_before_ms, now)
+    return SignedHeaders(peer, key, ts_ms, nonce, b64decode_sig(sig))
+
+
+def _check_time_nonce(ts: str, nonce: str, skew_s: float, not_before_ms: int, now: float) -> int:
+    """The request time in ms, after checking its form and window and the nonce's form."""
     if not (0 < len(ts) <= 16 and ts.isdigit()):
         raise ApiError(ApiErrorCode.BAD_SIGNATURE, f"{HDR_TIME} must be milliseconds since the epoch")
     ts_ms = int(ts)
@@ -90,7 +112,7 @@ def parse_signed(headers: object, *, skew_s: float, not_before_ms: int, now: flo
         )
     if not _NONCE_RE.fullmatch(nonce):
         raise ApiError(ApiErrorCode.BAD_SIGNATURE, f"{HDR_NONCE} must be 16-64 characters of [A-Za-z0-9_-]")
-    return SignedHeaders(peer, key, ts_ms, nonce, b64decode_sig(sig))
+    return ts_ms
 
 
 def verify_signed(h: SignedHeaders, method: str, path: str, body: bytes) -> None:
@@ -101,6 +123,58 @@ def verify_signed(h: SignedHeaders, method: str, path: str, body: bytes) -> None
         raise ApiError(
             ApiErrorCode.BAD_SIGNATURE, "request signature does not verify for this peer id"
         ) from None
+
+
+class MacHeaders:
+    """The parsed headers of one session request."""
+
+    __slots__ = ("mac", "nonce", "peer", "session", "ts_ms")
+
+    def __init__(self, peer: str, session: Session, ts_ms: int, nonce: str, mac: bytes) -> None:
+        self.peer = peer
+        self.session = session
+        self.ts_ms = ts_ms
+        self.nonce = nonce
+        self.mac = mac
+
+
+def parse_mac(
+    headers: object,
+    sessions: SessionTable,
+    *,
+    run_id: str | None,
+    skew_s: float,
+    not_before_ms: int,
+    now: float,
+) -> MacHeaders:
+    """Check a session request's headers, session and time window. Raises ApiError (401/403).
+
+    401 ``unauthenticated`` when a header is missing, 401 ``unknown_session`` for a session
+    id that is unknown or expired, 403 ``bad_signature`` for a session of another peer or run.
+    """
+    get = headers.get  # type: ignore[attr-defined]
+    peer, ts, nonce, sid, mac = get(HDR_PEER), get(HDR_TIME), get(HDR_NONCE), get(HDR_SESSION), get(HDR_MAC)
+    if peer is None or ts is None or nonce is None or sid is None or mac is None:
+        raise ApiError(
+            ApiErrorCode.UNAUTHENTICATED,
+            f"a session call needs {HDR_PEER}, {HDR_TIME}, {HDR_NONCE}, {HDR_SESSION} and {HDR_MAC}",
+        )
+    session = sessions.get(sid, now)
+    if session is None:
+        raise ApiError(
+            ApiErrorCode.UNKNOWN_SESSION, "unknown or expired session: open a new one (POST …/session)"
+        )
+    if session.peer != peer or session.run_id != run_id:
+        raise ApiError(ApiErrorCode.BAD_SIGNATURE, "this session belongs to another peer or run")
+    ts_ms = _check_time_nonce(ts, nonce, skew_s, not_before_ms, now)
+    return MacHeaders(peer, session, ts_ms, nonce, b64decode_mac(mac))
+
+
+def verify_mac(h: MacHeaders, method: str, path: str, body: bytes) -> None:
+    """Raise ApiError(BAD_SIGNATURE) unless the MAC covers this exact request (constant time)."""
+    good = h.session.mac(request_message(method, path, h.ts_ms, h.nonce, body))
+    if not hmac.compare_digest(good, h.mac):
+        raise ApiError(ApiErrorCode.BAD_SIGNATURE, "request MAC does not verify for this session")
 
 
 class NonceCache:

@@ -34,6 +34,7 @@ class CoordinatorConfig:
     ip_rate: float = 50.0  # unsigned requests per second per IP (challenge, join, reads)
     ip_burst: float = 200.0
     clock_skew_s: float = 60.0
+    session_ttl_s: float = 3600.0  # a node session (HMAC key) lives this long; then the node opens another
     sweep_interval_s: float = 1.0
     shutdown_timeout_s: float = 10.0
     port_file: str | None = None  # write the bound port here once listening (for --port 0)

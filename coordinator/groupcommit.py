@@ -42,6 +42,7 @@ class GroupCommitter:
         self._on_fatal = on_fatal
         self._on_commit = on_commit
         self._batch = Batch()
+        self._staged = False  # anything put into _batch (cheaper than len(Batch) per request)
         self._fut: asyncio.Future[None] | None = None
         self._callbacks: list[Callable[[], None]] = []
         self._inflight: asyncio.Future[None] | None = None
@@ -59,6 +60,7 @@ class GroupCommitter:
         if self.failed is not None:
             raise ApiError(ApiErrorCode.UNAVAILABLE, "storage failed; the coordinator is restarting")
         self._batch.put(table, row)
+        self._staged = True
         self._wake.set()
 
     def after_commit(self, callback: Callable[[], None]) -> None:
@@ -70,7 +72,7 @@ class GroupCommitter:
         """Wait until everything staged so far is committed. Raises ApiError(UNAVAILABLE) on failure."""
         if self.failed is not None:
             raise ApiError(ApiErrorCode.UNAVAILABLE, "storage failed; the coordinator is restarting")
-        if not len(self._batch) and not self._callbacks:
+        if not self._staged and not self._callbacks:
             # Nothing of ours is staged, but an earlier in-flight commit may hold what we read.
             if self._inflight is None:
                 return
@@ -90,7 +92,7 @@ class GroupCommitter:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            batch, self._batch = self._batch, Batch()
+            batch, self._batch, self._staged = self._batch, Batch(), False
             fut, self._fut = self._fut, None
             callbacks, self._callbacks = self._callbacks, []
             if fut is None:
@@ -125,7 +127,7 @@ class GroupCommitter:
 
     async def flush(self) -> None:
         """Commit whatever is staged now and wait for it."""
-        if len(self._batch) or self._callbacks:
+        if self._staged or self._callbacks:
             await self.durable()
         elif self._inflight is not None:
             await asyncio.shield(self._inflight)

@@ -102,6 +102,18 @@ def join(app: CoordinatorApp, ctx: Ctx) -> Result:
     return 200, app.svc.join(app.svc.run(_run_id(ctx)), ctx.body)
 
 
+def session(app: CoordinatorApp, ctx: Ctx) -> Result:
+    run, _node_rec = _node(app, ctx)
+    assert ctx.peer is not None
+    s, server_pub = app.sessions.open(run.id, ctx.peer, ctx.body["x25519"], app.clock())
+    return 200, {
+        "session_id": s.sid,
+        "x25519": server_pub,
+        "expires_at": s.expires_at,
+        "expires_in_s": app.sessions.ttl_s,
+    }
+
+
 def _node(app: CoordinatorApp, ctx: Ctx) -> tuple[Any, Any]:
     run = app.svc.run(_run_id(ctx))
     assert ctx.peer is not None

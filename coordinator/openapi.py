@@ -11,6 +11,7 @@ from distronet.protocol.coordinator_api import (
     HDR_TIME,
     ApiErrorCode,
 )
+from distronet.protocol.coordinator_session import HDR_MAC, HDR_SESSION
 
 if TYPE_CHECKING:
     from distronet.coordinator.app import Route
@@ -49,9 +50,17 @@ def build_openapi(routes: list[Route], version: str) -> dict[str, Any]:
                 {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 1000}}
             )
         if r.auth == "signed":
-            for h in (HDR_PEER, HDR_TIME, HDR_NONCE, HDR_SIGNATURE):
+            for h in (HDR_PEER, HDR_TIME, HDR_NONCE):
                 params.append({"name": h, "in": "header", "required": True, "schema": {"type": "string"}})
-            op["security"] = [{"peerSignature": []}]
+            params.append(
+                _hdr(HDR_SIGNATURE, "Ed25519 signature (base64): required unless a session MAC is sent")
+            )
+            if r.mac:
+                params.append(_hdr(HDR_SESSION, "session id from POST /runs/{run_id}/session"))
+                params.append(_hdr(HDR_MAC, "HMAC-SHA256 (base64) under the session key"))
+                op["security"] = [{"peerSignature": []}, {"peerSession": []}]
+            else:
+                op["security"] = [{"peerSignature": []}]
         elif r.auth == "operator":
             op["security"] = [{"operatorToken": []}]
         if params:
@@ -71,7 +80,9 @@ def build_openapi(routes: list[Route], version: str) -> dict[str, Any]:
             "title": "distro-node coordinator",
             "version": version,
             "description": "Runs, admissions, shard leases and the contribution ledger. Operator writes need "
-            "`Authorization: Bearer <token>`; node calls are signed with the node's libp2p key.",
+            "`Authorization: Bearer <token>`; node calls are signed with the node's libp2p key (Ed25519), "
+            "or carry an HMAC-SHA256 under a session key agreed by one signed X25519 exchange "
+            "(`POST /runs/{run_id}/session`; see docs/protocol.md, Coordinator API authentication).",
         },
         "paths": paths,
         "components": {
@@ -79,8 +90,19 @@ def build_openapi(routes: list[Route], version: str) -> dict[str, Any]:
             "securitySchemes": {
                 "operatorToken": {"type": "http", "scheme": "bearer"},
                 "peerSignature": {"type": "apiKey", "in": "header", "name": HDR_SIGNATURE},
+                "peerSession": {"type": "apiKey", "in": "header", "name": HDR_MAC},
             },
         },
+    }
+
+
+def _hdr(name: str, description: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "header",
+        "required": False,
+        "description": description,
+        "schema": {"type": "string"},
     }
 
 
@@ -107,7 +129,7 @@ def _responses(r: Route) -> dict[str, Any]:
         out["415"] = {"description": "not application/json", **err}
     if r.auth != "none":
         out["401"] = {"description": "not authenticated", **err}
-        out["403"] = {"description": "bad token / bad signature / not admitted / replayed", **err}
+        out["403"] = {"description": "bad token / bad signature or MAC / not admitted / replayed", **err}
     if r.name in ("renew", "complete", "create_run"):
         out["409"] = {"description": "conflict (lease lost, run exists)", **err}
     if r.name == "create_run":

@@ -52,10 +52,16 @@ class NodeRecord:
     last_step: int = 0
     credited: set[int] = field(default_factory=set)  # steps credited, within RECEIPT_WINDOW
     max_credited: int = -1
+    # (the multiaddrs list last encoded, its JSON): a row is staged on every node call
+    _maddrs_json: tuple[object, str] = field(default=(None, ""), init=False, repr=False, compare=False)
 
     def row(self, run_id: str) -> tuple[object, ...]:
+        src, text = self._maddrs_json
+        if src is not self.multiaddrs:  # the list is replaced, never changed in place
+            text = json.dumps(self.multiaddrs)
+            self._maddrs_json = (self.multiaddrs, text)
         return (
-            run_id, self.peer, self.state, json.dumps(self.multiaddrs), self.agent, self.joined_at,
+            run_id, self.peer, self.state, text, self.agent, self.joined_at,
             self.last_seen, self.uptime_s, self.tokens, self.shards, self.steps, self.speed, self.last_step,
         )  # fmt: skip
 

@@ -9,6 +9,14 @@ signed afresh, so a replay is not refused as a replay; completion is idempotent 
 coordinator, so a report sent twice is credited once. Heartbeats coalesce: only the newest
 queued one is kept.
 
+Authentication (see :mod:`distronet.protocol.coordinator_session`): the first node call opens
+a *session* — one call signed with the node's Ed25519 key that carries a fresh X25519 key —
+and later calls carry an HMAC under the agreed session key instead of a signature, which
+saves the coordinator an Ed25519 verify per call. The client re-opens the session by itself
+when the coordinator forgets it (a restart answers ``401 unknown_session``) or before it
+expires, and falls back to signing every call when the coordinator does not offer sessions
+(an older coordinator), so callers see the same answers and errors either way.
+
 Errors::
 
     DistroError
@@ -24,6 +32,7 @@ import contextlib
 import json
 import logging
 import os
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,6 +49,7 @@ from distronet.protocol.coordinator_api import (
     receipt_message,
     sign_request,
 )
+from distronet.protocol.coordinator_session import SessionKey, derive_session_key, mac_headers, new_ephemeral
 from distronet.protocol.errors import DistroError
 
 __all__ = [
@@ -54,6 +64,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 _RETRIABLE_4XX = {ApiErrorCode.RATE_LIMITED.value, ApiErrorCode.STALE_REQUEST.value}
+_SESSION_RETRY_S = 60.0  # after the coordinator refused to open a session, sign calls this long
 
 
 class CoordinatorClientError(DistroError):
@@ -120,6 +131,7 @@ class CoordinatorClient:
     """Client of one run on one coordinator, signing with the node's identity.
 
     Use ``async with CoordinatorClient(...) as c:`` (or call :meth:`close`). Not thread-safe.
+    ``sessions=False`` signs every node call with the peer key (no session MAC).
     """
 
     def __init__(
@@ -133,6 +145,7 @@ class CoordinatorClient:
         buffer_path: str | os.PathLike[str] | None = None,
         retry_min_s: float = 0.2,
         retry_max_s: float = 10.0,
+        sessions: bool = True,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.run_id = run_id
@@ -146,6 +159,11 @@ class CoordinatorClient:
         self._replayer: asyncio.Task[None] | None = None
         self._flush_lock = asyncio.Lock()
         self.dropped = 0  # reports dropped: buffer full, or refused on replay
+        self.sessions = sessions
+        self._skey: SessionKey | None = None
+        self._skey_renew_at = 0.0  # monotonic time to open the next session
+        self._sessions_off_until = 0.0  # monotonic; sign every call until then
+        self._session_lock = asyncio.Lock()
         self._load_buffer()
 
     async def __aenter__(self) -> CoordinatorClient:
@@ -172,13 +190,40 @@ class CoordinatorClient:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
         return self._session
 
-    async def _call(self, method: str, path: str, body: Any = None, *, signed: bool = False) -> Any:
-        """One HTTP call; JSON answer. Raises CoordinatorUnreachable / CoordinatorRefused."""
+    async def _call(
+        self, method: str, path: str, body: Any = None, *, signed: bool = False, mac: bool = True
+    ) -> Any:
+        """One HTTP call; JSON answer. Raises CoordinatorUnreachable / CoordinatorRefused.
+
+        ``signed`` calls carry a session MAC when a session is open (``mac`` and
+        ``self.sessions``), else an Ed25519 signature. A MAC the coordinator does not know
+        (``unknown_session``: it restarted) or does not accept is retried once: with a new
+        session, or signed.
+        """
         data = b"" if body is None else json.dumps(body, separators=(",", ":")).encode()
-        headers = {"Content-Type": "application/json"} if body is not None else {}
         full = API_PREFIX + path
-        if signed:
-            headers.update(sign_request(self.identity, method, full, data))
+        for attempt in range(2):
+            headers = {"Content-Type": "application/json"} if body is not None else {}
+            skey = await self._session_key() if signed and mac and self.sessions else None
+            if skey is not None:
+                headers.update(mac_headers(skey, method, full, data))
+            elif signed:
+                headers.update(sign_request(self.identity, method, full, data))
+            status, obj, raw = await self._send(method, full, data, headers)
+            if status < 400:
+                return obj
+            err = obj.get("error", {}) if isinstance(obj, dict) else {}
+            code, msg = str(err.get("code", "")), str(err.get("message", raw[:200]))
+            if skey is not None and attempt == 0 and self._session_failed(skey, code):
+                continue
+            if status >= 500 or code in _RETRIABLE_4XX:
+                raise CoordinatorUnreachable(f"coordinator answered {status} {code}: {msg}")
+            raise CoordinatorRefused(status, code, msg)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _send(
+        self, method: str, full: str, data: bytes, headers: dict[str, str]
+    ) -> tuple[int, Any, bytes]:
         try:
             async with self._sess().request(
                 method, self.base_url + full, data=data or None, headers=headers
@@ -191,13 +236,59 @@ class CoordinatorClient:
             obj = json.loads(raw) if raw else {}
         except ValueError:
             obj = {}
-        if status < 400:
-            return obj
-        err = obj.get("error", {}) if isinstance(obj, dict) else {}
-        code, msg = str(err.get("code", "")), str(err.get("message", raw[:200]))
-        if status >= 500 or code in _RETRIABLE_4XX:
-            raise CoordinatorUnreachable(f"coordinator answered {status} {code}: {msg}")
-        raise CoordinatorRefused(status, code, msg)
+        return status, obj, raw
+
+    # ---------------------------------------------------------------- sessions
+
+    def _session_failed(self, skey: SessionKey, code: str) -> bool:
+        """Forget a session the coordinator refused; True when the call should be retried."""
+        if code == ApiErrorCode.UNKNOWN_SESSION.value:
+            if self._skey is skey:
+                self._skey = None
+            return True
+        if code == ApiErrorCode.BAD_SIGNATURE.value:  # a key mismatch (tampered exchange?): sign for a while
+            if self._skey is skey:
+                self._skey = None
+            self._sessions_off_until = time.monotonic() + _SESSION_RETRY_S
+            return True
+        return False
+
+    async def _session_key(self) -> SessionKey | None:
+        """The open session, opening one when there is none or it is due; None: sign instead.
+
+        Raises CoordinatorUnreachable when the coordinator cannot be reached.
+        """
+        now = time.monotonic()
+        if self._skey is not None and now < self._skey_renew_at:
+            return self._skey
+        if now < self._sessions_off_until:
+            return None
+        async with self._session_lock:
+            if self._skey is not None and time.monotonic() < self._skey_renew_at:
+                return self._skey
+            try:
+                self._skey = await self._open_session()
+            except CoordinatorRefused as e:  # an older coordinator, or not admitted: sign instead
+                log.debug("no coordinator session (%s); signing calls", e)
+                self._skey = None
+                self._sessions_off_until = time.monotonic() + _SESSION_RETRY_S
+            return self._skey
+
+    async def _open_session(self) -> SessionKey:
+        """One signed X25519 exchange (``POST /runs/{id}/session``). Raises CoordinatorClientError."""
+        priv, pub = new_ephemeral()
+        r = await self._call("POST", f"/runs/{self.run_id}/session", {"x25519": pub}, signed=True, mac=False)
+        peer = self.identity.peer_id_b58
+        try:
+            sid, server_pub, ttl = str(r["session_id"]), str(r["x25519"]), float(r["expires_in_s"])
+            key = derive_session_key(
+                priv, server_pub, run_id=self.run_id, peer_id_b58=peer, session_id=sid,
+                client_public_b64=pub, server_public_b64=server_pub,
+            )  # fmt: skip
+        except (KeyError, TypeError, ValueError) as e:
+            raise CoordinatorRefused(200, "bad_session_answer", f"unusable session answer: {e}") from None
+        self._skey_renew_at = time.monotonic() + max(1.0, 0.9 * ttl - 5.0)
+        return SessionKey(peer, sid, key)
 
     # ---------------------------------------------------------------- calls that answer now
 

@@ -4,7 +4,9 @@ Shared by the coordinator (which validates) and the node's client (which signs).
 are validated by small declarative :class:`Schema` objects that also render the JSON Schema the
 OpenAPI document serves, so the document and the validator cannot disagree.
 
-Signed node requests carry four headers (see :func:`sign_request`)::
+Node requests are authenticated by the peer key: either signed (four headers, see
+:func:`sign_request`), or — after one signed key exchange — with a session MAC (see
+:mod:`distronet.protocol.coordinator_session`). Signed requests carry::
 
     X-Distro-Peer       the sender's libp2p peer id (base58btc, "12D3KooW...")
     X-Distro-Time       milliseconds since the Unix epoch when signed
@@ -76,6 +78,9 @@ class ApiErrorCode(enum.Enum):
     BAD_SIGNATURE = "bad_signature"  # a signature that does not verify, or a malformed peer id
     STALE_REQUEST = "stale_request"  # signed time outside the accepted window: re-sign and retry
     REPLAYED = "replayed_request"  # the nonce was already used
+    UNKNOWN_SESSION = (
+        "unknown_session"  # session id unknown or expired (e.g. after a restart): open a new one
+    )
     NOT_ADMITTED = "not_admitted"  # the peer has not joined this run (or has left): join first
     EVICTED = "evicted"  # the operator evicted this peer
     BAD_JOIN_TOKEN = "bad_join_token"  # the run needs a join token and this one is missing/used/wrong
@@ -104,6 +109,7 @@ _STATUS: dict[ApiErrorCode, int] = {
     ApiErrorCode.BAD_SIGNATURE: 403,
     ApiErrorCode.STALE_REQUEST: 403,
     ApiErrorCode.REPLAYED: 403,
+    ApiErrorCode.UNKNOWN_SESSION: 401,
     ApiErrorCode.NOT_ADMITTED: 403,
     ApiErrorCode.EVICTED: 403,
     ApiErrorCode.BAD_JOIN_TOKEN: 403,

@@ -5,9 +5,13 @@ loopback port, SQLite in a temporary folder) unless ``--url`` names a running on
 (create a run with ``--shards`` shards, admit ``--peers`` nodes by signed challenge) is not
 timed. Then requests are *scheduled* at ``--rate`` per second (open loop, so a slow server
 cannot hide its latency by slowing the generator) over ``--concurrency`` keep-alive
-connections, each a freshly signed node call: heartbeat (renews the peer's leases), lease,
-or complete (of a lease the peer holds). Latency runs from the scheduled time to the last
-byte of the answer.
+connections, each a freshly authenticated node call: heartbeat (renews the peer's leases),
+lease, or complete (of a lease the peer holds). Latency runs from the scheduled time to the
+last byte of the answer.
+
+``--auth session`` (default, what the node's client library does): each simulated node opens
+a session at setup (one Ed25519-signed X25519 exchange) and MACs every call with HMAC-SHA256.
+``--auth signature``: every call carries an Ed25519 signature (pre-signed before each phase).
 
     distro-node bench coordinator --duration 10 --rate 2500 --json
 """
@@ -53,6 +57,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--peers", type=int, default=250, help="simulated nodes (each under the per-peer rate limit)"
     )
     p.add_argument("--shards", type=int, default=200_000)
+    p.add_argument(
+        "--auth",
+        default="session",
+        choices=["session", "signature"],
+        help="session: HMAC under a per-node session key (default); signature: Ed25519 per call",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_main)
 
@@ -114,6 +124,7 @@ class RawConn:
 class Peer:
     ident: Any
     held: list[dict[str, Any]] = field(default_factory=list)
+    session: Any = None  # SessionKey under --auth session
 
 
 @dataclass
@@ -191,11 +202,37 @@ async def _setup(url: str, args: argparse.Namespace, run_id: str) -> list[Peer]:
 
     for i in range(0, len(peers), 20):
         await asyncio.gather(*(join(p) for p in peers[i : i + 20]))
+    if args.auth == "session":
+        async with aiohttp.ClientSession() as s:
+            for i in range(0, len(peers), 20):
+                await asyncio.gather(*(_open_session(s, url, run_id, p) for p in peers[i : i + 20]))
     return peers
+
+
+async def _open_session(s: Any, url: str, run_id: str, p: Peer) -> None:
+    """One signed X25519 exchange, as the node's client library does it."""
+    from distronet.protocol.coordinator_api import sign_request
+    from distronet.protocol.coordinator_session import SessionKey, derive_session_key, new_ephemeral
+
+    priv, pub = new_ephemeral()
+    path = f"/api/v1/runs/{run_id}/session"
+    body = json.dumps({"x25519": pub}).encode()
+    headers = {**sign_request(p.ident, "POST", path, body), "Content-Type": "application/json"}
+    async with s.post(url + path, data=body, headers=headers) as r:
+        if r.status != 200:
+            raise RuntimeError(f"cannot open a session: {r.status} {await r.text()}")
+        ans = await r.json()
+    peer = p.ident.peer_id_b58
+    key = derive_session_key(
+        priv, ans["x25519"], run_id=run_id, peer_id_b58=peer, session_id=ans["session_id"],
+        client_public_b64=pub, server_public_b64=ans["x25519"],
+    )  # fmt: skip
+    p.session = SessionKey(peer, ans["session_id"], key)
 
 
 async def _load(url: str, run_id: str, peers: list[Peer], args: argparse.Namespace, seconds: float) -> Stats:
     from distronet.protocol.coordinator_api import sign_request
+    from distronet.protocol.coordinator_session import mac_headers
 
     host, port = url.split("//")[1].split(":")
     conns = [RawConn(host, int(port)) for _ in range(args.concurrency)]
@@ -204,9 +241,18 @@ async def _load(url: str, run_id: str, peers: list[Peer], args: argparse.Namespa
     counter = [0]
     base = f"/api/v1/runs/{run_id}"
 
-    # Pre-sign the heartbeats and leases of this phase (the generator must not be the bottleneck;
-    # completions need a lease token from an answer, so they are signed on the fly).
-    planned: list[tuple[str, str, bytes, dict[str, str], Peer]] = []
+    def auth(p: Peer, path: str, body: bytes) -> dict[str, str]:
+        if p.session is not None:
+            h = mac_headers(p.session, "POST", path, body)
+        else:
+            h = sign_request(p.ident, "POST", path, body)
+        h["Content-Type"] = "application/json"
+        return h
+
+    # Under --auth signature, pre-sign the heartbeats and leases of this phase (the generator
+    # must not be the bottleneck; completions need a lease token from an answer, so they are
+    # signed on the fly). Session MACs are cheap: computed at send time.
+    planned: list[tuple[str, str, bytes, dict[str, str] | None, Peer]] = []
     for i in range(int(args.rate * seconds * 1.05) + 16):
         p = peers[i % len(peers)]
         obj: dict[str, Any]
@@ -215,9 +261,7 @@ async def _load(url: str, run_id: str, peers: list[Peer], args: argparse.Namespa
         else:
             kind, path, obj = "heartbeat", f"{base}/heartbeat", {"step": i, "loss": 2.0}
         body = json.dumps(obj).encode()
-        headers = sign_request(p.ident, "POST", path, body)
-        headers["Content-Type"] = "application/json"
-        planned.append((kind, path, body, headers, p))
+        planned.append((kind, path, body, None if p.session is not None else auth(p, path, body), p))
 
     def next_call() -> tuple[str, str, bytes, dict[str, str], Peer]:
         i = counter[0]
@@ -227,10 +271,8 @@ async def _load(url: str, run_id: str, peers: list[Peer], args: argparse.Namespa
             lease = p.held.pop(0)
             path = f"{base}/leases/{lease['unit']}/complete"
             body = json.dumps({"lease_token": lease["lease_token"]}).encode()
-            headers = sign_request(p.ident, "POST", path, body)
-            headers["Content-Type"] = "application/json"
-            return "complete", path, body, headers, p
-        return kind, path, body, headers, p
+            return "complete", path, body, auth(p, path, body), p
+        return kind, path, body, headers if headers is not None else auth(p, path, body), p
 
     async def worker(conn: RawConn) -> None:
         while True:
@@ -292,15 +334,23 @@ def _verify_us() -> float:
     return sorted(runs)[2]
 
 
-def _cpu_seconds(proc: subprocess.Popen[bytes] | None) -> float:
-    """User+system CPU seconds of the coordinator process (Linux /proc; 0 elsewhere)."""
+def _cpu_seconds(proc: subprocess.Popen[bytes] | None) -> tuple[float, float, float]:
+    """(user, system, main thread user+system) CPU seconds of the coordinator (Linux /proc; 0s
+    elsewhere). The rest of user+system is its SQLite thread."""
     if proc is None:
-        return 0.0
+        return 0.0, 0.0, 0.0
+    tck = os.sysconf("SC_CLK_TCK")
+
+    def read(path: str) -> tuple[float, float]:
+        fields = Path(path).read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) / tck, int(fields[12]) / tck
+
     try:
-        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        user, system = read(f"/proc/{proc.pid}/stat")
+        mu, ms = read(f"/proc/{proc.pid}/task/{proc.pid}/stat")
     except (OSError, ValueError, IndexError):
-        return 0.0
+        return 0.0, 0.0, 0.0
+    return user, system, mu + ms
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -330,7 +380,9 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             t0 = time.perf_counter()
             st = await _load(url, run_id, peers, args, args.duration)
             elapsed = time.perf_counter() - t0
-            cpu = _cpu_seconds(proc) - cpu0
+            cpu1 = _cpu_seconds(proc)
+            user, system, main = (b - a for a, b in zip(cpu0, cpu1, strict=True))
+            cpu = user + system
             own = time.process_time() - own0
         finally:
             if proc is not None:
@@ -354,6 +406,8 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         "error_codes": st.codes,
         "mix": st.kinds,
         "server_cpu_us_per_request": round(cpu / max(total, 1) * 1e6, 1) if proc is not None else None,
+        "server_system_cpu_share": round(system / cpu, 3) if proc is not None and cpu > 0 else None,
+        "server_main_thread_cpu_share": round(main / cpu, 3) if proc is not None and cpu > 0 else None,
         "generator_cpu_us_per_request": round(own / max(total, 1) * 1e6, 1),
         "ed25519_verify_us": round(verify_us, 1),
         "load_average_1m": round(load, 2),
@@ -361,5 +415,6 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         "concurrency": args.concurrency,
         "duration_s": round(elapsed, 2),
         "store": args.db or (f"sqlite (synchronous={args.sqlite_sync})" if not args.url else "remote"),
+        "auth": args.auth,
         "meets_target": bool(rps >= 2000 and p99 < 50 and st.errors == 0),
     }

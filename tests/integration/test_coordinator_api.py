@@ -17,7 +17,14 @@ import pytest
 from distronet.coordinator.config import CoordinatorConfig
 from distronet.coordinator.local import LocalCoordinator, local_coordinator
 from distronet.node.coordinator_client import CoordinatorClient, CoordinatorRefused, sign_receipt
-from distronet.protocol.coordinator_api import HDR_NONCE, HDR_SIGNATURE, HDR_TIME, sign_request
+from distronet.protocol.coordinator_api import HDR_NONCE, HDR_PEER, HDR_SIGNATURE, HDR_TIME, sign_request
+from distronet.protocol.coordinator_session import (
+    HDR_MAC,
+    SessionKey,
+    derive_session_key,
+    mac_headers,
+    new_ephemeral,
+)
 from distronet.protocol.identity import Identity
 
 TOKEN = "operator-secret-token"
@@ -340,3 +347,119 @@ async def test_forgeries_cannot_spend_a_peers_rate_limit(tmp_path: Path, http: a
         h = {**sign_request(victim, "POST", path, body), "Content-Type": "application/json"}
         async with http.post(lc.url + path, data=body, headers=h) as r:
             assert r.status == 200
+
+
+# ------------------------------------------------------------------ sessions (HMAC per call)
+
+
+async def _open_session(http: aiohttp.ClientSession, lc: LocalCoordinator, me: Identity) -> SessionKey:
+    """Open a session with a signed X25519 exchange, as the client library does."""
+    priv, pub = new_ephemeral()
+    path = "/api/v1/runs/r1/session"
+    body = json.dumps({"x25519": pub}).encode()
+    headers = {**sign_request(me, "POST", path, body), "Content-Type": "application/json"}
+    async with http.post(lc.url + path, data=body, headers=headers) as r:
+        assert r.status == 200, await r.text()
+        ans = await r.json()
+    key = derive_session_key(
+        priv, ans["x25519"], run_id="r1", peer_id_b58=me.peer_id_b58, session_id=ans["session_id"],
+        client_public_b64=pub, server_public_b64=ans["x25519"],
+    )  # fmt: skip
+    return SessionKey(me.peer_id_b58, ans["session_id"], key)
+
+
+async def _post(
+    http: aiohttp.ClientSession, lc: LocalCoordinator, path: str, body: bytes, headers: dict[str, str]
+) -> tuple[int, str]:
+    async with http.post(
+        lc.url + path, data=body, headers={**headers, "Content-Type": "application/json"}
+    ) as r:
+        return r.status, (await r.json())["error"]["code"] if r.status >= 400 else ""
+
+
+async def test_session_calls_are_mac_checked_replay_and_tamper_proof(
+    lc: LocalCoordinator, http: aiohttp.ClientSession
+) -> None:
+    await _create(http, lc, spec())
+    await _create(http, lc, spec("r2"))
+    me, other, stranger = Identity.generate(), Identity.generate(), Identity.generate()
+    for ident, run in ((me, "r1"), (other, "r1"), (me, "r2")):
+        async with CoordinatorClient(lc.url, run, ident) as c:
+            await c.join()
+    s = await _open_session(http, lc, me)
+    path, body = "/api/v1/runs/r1/heartbeat", json.dumps({"step": 3}).encode()
+    h = mac_headers(s, "POST", path, body)
+    assert await _post(http, lc, path, body, h) == (200, "")
+    assert await _post(http, lc, path, body, h) == (403, "replayed_request")
+    tampered = mac_headers(s, "POST", path, body)
+    assert await _post(http, lc, path, b'{"step":4}', tampered) == (403, "bad_signature")
+    zero_mac = {**mac_headers(s, "POST", path, body), HDR_MAC: base64.b64encode(bytes(32)).decode()}
+    assert await _post(http, lc, path, body, zero_mac) == (403, "bad_signature")
+    old = mac_headers(s, "POST", path, body, now_ms=1_000_000)
+    assert await _post(http, lc, path, body, old) == (403, "stale_request")
+    unknown = mac_headers(SessionKey(me.peer_id_b58, "x" * 22, s.key), "POST", path, body)
+    assert await _post(http, lc, path, body, unknown) == (401, "unknown_session")
+    as_other = {**mac_headers(s, "POST", path, body), HDR_PEER: other.peer_id_b58}
+    assert await _post(http, lc, path, body, as_other) == (403, "bad_signature")
+    r2 = "/api/v1/runs/r2/heartbeat"  # a session belongs to one run
+    assert await _post(http, lc, r2, body, mac_headers(s, "POST", r2, body)) == (403, "bad_signature")
+    no_mac = {k: v for k, v in mac_headers(s, "POST", path, body).items() if k != HDR_MAC}
+    assert await _post(http, lc, path, body, no_mac) == (401, "unauthenticated")
+    # opening a session takes the peer key itself, never a session MAC
+    sp = "/api/v1/runs/r1/session"
+    sbody = json.dumps({"x25519": new_ephemeral()[1]}).encode()
+    assert await _post(http, lc, sp, sbody, mac_headers(s, "POST", sp, sbody)) == (401, "unauthenticated")
+    assert await _post(http, lc, sp, sbody, sign_request(stranger, "POST", sp, sbody)) == (
+        403,
+        "not_admitted",
+    )
+    low_order = json.dumps({"x25519": base64.b64encode(bytes(32)).decode()}).encode()
+    assert await _post(http, lc, sp, low_order, sign_request(me, "POST", sp, low_order)) == (
+        400,
+        "invalid_field",
+    )
+
+
+async def test_the_client_uses_one_session_and_reopens_a_forgotten_one(
+    lc: LocalCoordinator, http: aiohttp.ClientSession
+) -> None:
+    await _create(http, lc, spec(shards=4))
+    me = Identity.generate()
+    async with CoordinatorClient(lc.url, "r1", me) as c:
+        await c.join()
+        for step in range(3):
+            await c.heartbeat(step)
+        (lease,) = await c.lease()
+        assert len(lc.app.sessions) == 1
+        lc.app.sessions.prune(float("inf"))  # as after a restart: every session forgotten
+        assert await c.renew(lease) >= lease.expires_at  # no error: the client opened a new session
+        assert len(lc.app.sessions) == 1
+    async with http.get(lc.url + "/metrics") as r:
+        text = await r.text()
+    assert 'distro_coordinator_requests_total{route="session",status="200"} 2.0' in text
+    assert 'distro_coordinator_requests_total{route="heartbeat",status="200"} 3.0' in text
+    assert 'route="renew",status="401"} 1.0' in text  # the forgotten session, retried once
+
+
+async def test_the_client_signs_every_call_when_sessions_are_not_offered(
+    tmp_path: Path, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from distronet.coordinator import handlers
+    from distronet.protocol.coordinator_api import ApiError, ApiErrorCode
+
+    def no_sessions(app: Any, ctx: Any) -> Any:  # an older coordinator has no such route
+        raise ApiError(ApiErrorCode.NOT_FOUND, "no such route")
+
+    monkeypatch.setattr(handlers, "session", no_sessions)
+    cfg = CoordinatorConfig(db=f"sqlite:///{tmp_path / 'c.db'}", operator_token=TOKEN)
+    async with local_coordinator(cfg) as lc:
+        await _create(http, lc, spec())
+        me = Identity.generate()
+        async with CoordinatorClient(lc.url, "r1", me) as c:
+            await c.join()
+            assert await c.heartbeat(1) is not None and await c.heartbeat(2) is not None
+            assert len(await c.lease()) == 1
+        async with http.get(lc.url + "/metrics") as r:
+            text = await r.text()
+    assert 'distro_coordinator_requests_total{route="session",status="404"} 1.0' in text  # tried once
+    assert 'distro_coordinator_requests_total{route="heartbeat",status="200"} 2.0' in text

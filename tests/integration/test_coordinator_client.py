@@ -67,6 +67,8 @@ async def test_reports_queue_while_down_and_replay_once_back(tmp_path: Path) -> 
     assert client.pending == 3
     async with local_coordinator(cfg, port=port) as lc:
         await _until(lambda: client.pending == 0)
+        # the restarted coordinator forgot the client's session: the replay opened a new one by itself
+        assert len(lc.app.sessions) == 1
         node = lc.app.svc.runs["r1"].nodes[a.peer_id_b58]
         assert (node.tokens, node.shards, node.steps, node.last_step) == (100, 1, 1, 11)
         assert await client.complete(lease) == {"unit": lease.unit, "credited": False, "tokens": 0}

@@ -1,5 +1,5 @@
 """API fuzzing against the OpenAPI document (hypothesis): no input makes the coordinator answer
-5xx; unauthenticated writes get 401, oversize bodies 413, bad signatures 403.
+5xx; unauthenticated writes get 401, oversize bodies 413, bad signatures and bad session MACs 403.
 
 The coordinator runs on loopback in a thread of its own; requests go over real HTTP with the
 standard library's client, so every byte hypothesis invents reaches the real parser.
@@ -33,6 +33,14 @@ from distronet.protocol.coordinator_api import (
     Schema,
     join_message,
     sign_request,
+)
+from distronet.protocol.coordinator_session import (
+    HDR_MAC,
+    HDR_SESSION,
+    SessionKey,
+    derive_session_key,
+    mac_headers,
+    new_ephemeral,
 )
 from distronet.protocol.identity import Identity
 
@@ -115,15 +123,38 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 @pytest.fixture(scope="module")
 def member(server: Server) -> Identity:
     """A peer admitted to run r1."""
+    return _admit(server)
+
+
+@pytest.fixture(scope="module")
+def member_session(server: Server, member: Identity) -> SessionKey:
+    """A session of ``member`` (the schema-shaped fuzz may make it leave: then its calls get 4xx)."""
+    return _open_session(server, member)
+
+
+def _admit(server: Server, run: str = "r1") -> Identity:
     me = Identity.generate()
-    _, ch = server.call(
-        "POST", "/api/v1/runs/r1/challenge", json.dumps({"peer_id": me.peer_id_b58}).encode(), _js()
-    )
-    sig = base64.b64encode(me.sign(join_message("r1", me.peer_id_b58, ch["challenge"]))).decode()
+    base = f"/api/v1/runs/{run}"
+    _, ch = server.call("POST", base + "/challenge", json.dumps({"peer_id": me.peer_id_b58}).encode(), _js())
+    sig = base64.b64encode(me.sign(join_message(run, me.peer_id_b58, ch["challenge"]))).decode()
     body = {"peer_id": me.peer_id_b58, "challenge": ch["challenge"], "signature": sig}
-    status, _ = server.call("POST", "/api/v1/runs/r1/join", json.dumps(body).encode(), _js())
+    status, _ = server.call("POST", base + "/join", json.dumps(body).encode(), _js())
     assert status == 200
     return me
+
+
+def _open_session(server: Server, member: Identity, run: str = "r1") -> SessionKey:
+    """A session of ``member`` (signed X25519 exchange)."""
+    priv, pub = new_ephemeral()
+    path = f"/api/v1/runs/{run}/session"
+    body = json.dumps({"x25519": pub}).encode()
+    status, ans = server.call("POST", path, body, {**_js(), **sign_request(member, "POST", path, body)})
+    assert status == 200, ans
+    key = derive_session_key(
+        priv, ans["x25519"], run_id=run, peer_id_b58=member.peer_id_b58, session_id=ans["session_id"],
+        client_public_b64=pub, server_public_b64=ans["x25519"],
+    )  # fmt: skip
+    return SessionKey(member.peer_id_b58, ans["session_id"], key)
 
 
 def _js() -> dict[str, str]:
@@ -214,6 +245,8 @@ def test_no_input_gets_a_5xx(server: Server, data: st.DataObject) -> None:
                 HDR_TIME: st.sampled_from(["0", "-5", "99999999999999999999", "abc"]),
                 HDR_NONCE: st.text(ASCII, max_size=70),
                 HDR_SIGNATURE: st.text(ASCII, max_size=100),
+                HDR_SESSION: st.text(ASCII, max_size=30),
+                HDR_MAC: st.text(ASCII, max_size=50),
             },
         )
     )
@@ -226,7 +259,7 @@ def test_no_input_gets_a_5xx(server: Server, data: st.DataObject) -> None:
 
 @FUZZ
 @given(data=st.data())
-def _shaped_signed_call(server: Server, member: Identity, data: st.DataObject) -> None:
+def _shaped_signed_call(server: Server, member: Identity, sess: SessionKey, data: st.DataObject) -> None:
     from distronet.coordinator.app import ROUTES
 
     route = data.draw(st.sampled_from([r for r in ROUTES if r.method == "POST" and r.schema is not None]))
@@ -236,7 +269,9 @@ def _shaped_signed_call(server: Server, member: Identity, data: st.DataObject) -
         route.full_path, ["r1", data.draw(st.sampled_from(["0", "1", "49", "50", member.peer_id_b58]))]
     )
     headers = _js()
-    if route.auth == "signed":
+    if route.auth == "signed" and route.mac and data.draw(st.booleans()):
+        headers.update(mac_headers(sess, "POST", url, body))
+    elif route.auth == "signed":
         headers.update(sign_request(member, "POST", url, body))
     elif route.auth == "operator":
         headers.update(_op())
@@ -248,11 +283,13 @@ def _shaped_signed_call(server: Server, member: Identity, data: st.DataObject) -
 
 
 @pytest.mark.slow
-def test_schema_shaped_signed_calls_never_5xx(server: Server, member: Identity) -> None:
+def test_schema_shaped_signed_calls_never_5xx(
+    server: Server, member: Identity, member_session: SessionKey
+) -> None:
     """Schema-shaped, correctly signed calls never get a 5xx, and the fuzz gets past validation
     into the operations (some calls succeed), so it is not only exercising the 4xx paths."""
     STATUSES.clear()
-    _shaped_signed_call(server, member)
+    _shaped_signed_call(server, member, member_session)
     assert STATUSES.get(200, 0) > 0, STATUSES
 
 
@@ -292,16 +329,28 @@ def test_oversize_bodies_get_413(server: Server, member: Identity) -> None:
             assert status == 413 and resp["error"]["code"] == "too_large", (r.name, status)
 
 
-def test_bad_signatures_get_403(server: Server, member: Identity) -> None:
-    stranger = Identity.generate()
+def test_bad_signatures_get_403(server: Server) -> None:
+    # a fresh run and member: the fuzz above may have closed r1 or made its member leave
+    status, _ = server.call("POST", "/api/v1/runs", json.dumps({**_spec(), "id": "sig"}).encode(), _op())
+    assert status in (200, 201)
+    member, stranger = _admit(server, "sig"), Identity.generate()
+    member_session = _open_session(server, member, "sig")
+    wrong_key = SessionKey(member.peer_id_b58, member_session.session_id, bytes(32))
     for r in _writes(server, "signed"):
-        url = _fill(r.full_path, ["r1", "0"])
+        url = _fill(r.full_path, ["sig", "0"])
         body = json.dumps(_valid_body(r.name)).encode()
         forged = sign_request(stranger, "POST", url, body)
         forged[HDR_PEER] = member.peer_id_b58  # signed by another key
         other_body = sign_request(member, "POST", url, body + b" ")  # signature of other bytes
         garbage = {**sign_request(member, "POST", url, body), HDR_SIGNATURE: "A" * 86 + "=="}
-        for h in (forged, other_body, garbage):
+        bad = [forged, other_body, garbage]
+        if r.mac:  # session MACs: under a key the coordinator does not hold, of other bytes, garbage
+            bad += [
+                mac_headers(wrong_key, "POST", url, body),
+                mac_headers(member_session, "POST", url, body + b" "),
+                {**mac_headers(member_session, "POST", url, body), HDR_MAC: "A" * 43 + "="},
+            ]
+        for h in bad:
             status, resp = server.call("POST", url, body, {**_js(), **h})
             assert status == 403 and resp["error"]["code"] == "bad_signature", (r.name, status, resp)
 

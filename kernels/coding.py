@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from distronet.kernels.coding_flat import FlatPayload, decode_payload, decode_payload_flat
 from distronet.kernels.coding_index import MAX_CHUNK_NUMEL, IndexCoding, encode_indices
 from distronet.kernels.coding_payload import (
     PAYLOAD_VERSION,
     DecodedTensor,
     EncodedTensor,
-    decode_payload,
+    decode_payload_reference,
     encode_payload,
 )
 from distronet.kernels.coding_values import ValueCoding, quantise
@@ -26,9 +27,12 @@ __all__ = [
     "PAYLOAD_VERSION",
     "DecodedTensor",
     "EncodedTensor",
+    "FlatPayload",
     "IndexCoding",
     "ValueCoding",
     "decode_payload",
+    "decode_payload_flat",
+    "decode_payload_reference",
     "encode_payload",
     "encode_tensor",
 ]

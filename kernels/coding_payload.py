@@ -50,7 +50,7 @@ from distronet.kernels.coding_values import (
 from distronet.protocol.errors import KernelError, RejectCode, Rejected
 from distronet.protocol.limits import DEFAULT_LIMITS, Limits
 
-__all__ = ["PAYLOAD_VERSION", "DecodedTensor", "EncodedTensor", "decode_payload", "encode_payload"]
+__all__ = ["PAYLOAD_VERSION", "DecodedTensor", "EncodedTensor", "decode_payload_reference", "encode_payload"]
 
 PAYLOAD_VERSION = 1
 MAX_CLASSES = 15
@@ -263,7 +263,7 @@ def _read_scales(br: BitReader, scaled: Sequence[_Entry], b0: int, w: int) -> li
     return out
 
 
-def decode_payload(
+def decode_payload_reference(
     data: bytes, layouts: Sequence[tuple[int, int]], limits: Limits = DEFAULT_LIMITS
 ) -> list[DecodedTensor]:
     """Decode a payload against ``layouts[tensor_id] = (n_chunks, chunk_numel)``.

@@ -1,14 +1,17 @@
 """Measurements behind `bench codec`: ours and the DeMo reference, same tensors, one process.
 
 * ours, encode: tensors -> per-chunk DCT top-k -> value + index coding -> payload -> signed,
-  zstd-framed step packet (``seal_packet``); decode: frame -> ``open_packet`` (signature
-  checked) -> ``decode_payload`` -> ``decode_sum`` (one scatter, one inverse) -> dense tensors.
+  zstd-framed step packet (``seal_packet``); decode: every frame -> ``open_packet`` (signature
+  checked) -> ``decode_payload_flat`` (every check of the wire format) -> ``decode_flat``: all
+  tensors of all packets in one buffer, one scatter per packet, one inverse per block shape ->
+  dense tensors.
 * reference, encode: einsum DCT -> top-k -> raw int64 indices + fp32 values as bytes;
   decode: bytes -> scatter (mean) -> einsum inverse DCT -> dense tensors. No signature, no zstd.
-* ``decode_16_over_1``: decoding 16 packets (the same frame 16 times: identical work to 16
-  peers' packets) over decoding 1, on the full path; ``kernel_decode_16_over_1`` is the same ratio
-  for coefficients -> dense tensor only (what the aggregation step adds per peer once packets
-  have been checked on arrival).
+* ``decode_16_over_1``: decoding 16 packets (the same frame 16 times, each opened, verified and
+  parsed anew: identical work to 16 peers' packets) over decoding 1, on the full path;
+  ``kernel_decode_16_over_1`` is the same ratio for coefficients -> dense tensors only
+  (``decode_sum_many``: what the aggregation step adds per peer once packets have been checked
+  on arrival).
 
 Timings are medians over ``repeats``; each of our timings is taken next to a fresh timing of the
 reference (so each row's reference figures are its own), kernel-only timings once per repeat.
@@ -23,8 +26,14 @@ from dataclasses import dataclass
 
 import torch
 
-from distronet.kernels.coding import IndexCoding, ValueCoding, decode_payload, encode_payload, encode_tensor
-from distronet.kernels.decode import decode_sum
+from distronet.kernels.coding import (
+    IndexCoding,
+    ValueCoding,
+    decode_payload_flat,
+    encode_payload,
+    encode_tensor,
+)
+from distronet.kernels.decode_batch import decode_flat, decode_sum_many
 from distronet.kernels.demo_reference import DemoReference
 from distronet.kernels.topk import dct_topk
 from distronet.node.bench.codec_tensors import TensorSet
@@ -102,15 +111,14 @@ class _Ours:
         return seal_packet(self.identity, RUN_ID, 1, self.digest, encode_payload(coded))
 
     def kernel_decode(self, parts: Sequence[Sequence[Part]]) -> list[torch.Tensor]:
-        return [decode_sum(lay, [p[i] for p in parts]) for i, lay in enumerate(self.ts.layouts)]
+        return decode_sum_many(self.ts.layouts, [[p[i] for p in parts] for i in range(len(self.ts.layouts))])
 
     def decode(self, frames: Sequence[bytes]) -> list[torch.Tensor]:
-        parts = []
-        for frame in frames:
-            pkt = open_packet(frame, run_id=RUN_ID, layout_digest=self.digest)
-            dec = decode_payload(pkt.payload, self.nk)
-            parts.append([(torch.from_numpy(d.idx), torch.from_numpy(d.val)) for d in dec])
-        return self.kernel_decode(parts)
+        flats = [
+            decode_payload_flat(open_packet(frame, run_id=RUN_ID, layout_digest=self.digest).payload, self.nk)
+            for frame in frames
+        ]
+        return decode_flat(self.ts.layouts, flats)
 
 
 class _Ref:

@@ -1,0 +1,272 @@
+"""Decode every tensor of every packet in one pass: one scatter, one inverse per block shape.
+
+:func:`~distronet.kernels.decode.decode_sum` decodes one tensor; a model has dozens of small
+tensors, and per call fixed costs (stacking, range checks, a dozen tensor operations, an inverse
+transform per tensor) then cost more than the arithmetic. Here a :class:`BatchPlan` (cached per
+run layout) gives every tensor a region of ONE flat coefficient buffer:
+
+* tensors of at most :data:`~distronet.kernels.decode.SMALL_COEFFICIENTS` coefficients sit in
+  chunk order, side by side with the other tensors of the same block shape, so one pair of matrix
+  products inverts them all (``X_n = D_r^T C_n D_c`` for every chunk ``n`` of the group);
+* larger tensors sit in spatial order and get the usual two-GEMM inverse
+  (:func:`~distronet.kernels.dct.idct_spatial`), with no chunk-order copy of a big buffer.
+
+A packet's coefficients land by one ``index_add_`` (positions: a cached per-coefficient chunk
+base plus the index), so decoding P packets costs one zeroing and one inverse per block shape
+plus P scatters: the per-packet cost is the scatter alone. The inverse is always the dense one
+(two GEMMs per group): batched over all tensors it costs less than per-tensor sparse products
+even for a single packet at small k.
+
+Results are float32 (or ``dtype``) tensors of each layout's shape; the tensors of one call may
+share one storage (disjoint views), so in-place edits of one never touch another.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from distronet.kernels.coding_flat import FlatPayload
+from distronet.kernels.dct import dct_basis, idct_spatial, work_dtype
+from distronet.kernels.decode import SMALL_COEFFICIENTS, Part
+from distronet.kernels.layout import ChunkLayout
+from distronet.kernels.workspace import scratch
+from distronet.protocol.errors import KernelError
+
+__all__ = ["BatchPlan", "decode_flat", "decode_sum_many", "plan_batch"]
+
+
+@dataclass(frozen=True)
+class _Group:
+    """Small tensors of one block shape, chunk order, side by side from ``start``."""
+
+    block: tuple[int, ...]
+    start: int
+    n_chunks: int
+    members: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Where each tensor of a run's layout lives in the flat coefficient buffer.
+
+    ``offset[t]`` is tensor ``t``'s first element; ``chunk_base[t]`` (int64 ``(n_chunks,)``)
+    the position of each of its chunks' coefficient 0, and ``local[t]`` (int64
+    ``(chunk_numel,)``, big tensors only) the offset of coefficient ``i`` from its chunk base.
+    """
+
+    layouts: tuple[ChunkLayout, ...]
+    size: int
+    offset: tuple[int, ...]
+    big: tuple[bool, ...]
+    groups: tuple[_Group, ...]
+    chunk_base: tuple[np.ndarray, ...]
+    local: tuple[np.ndarray | None, ...]
+
+    def positions(self, tid: int, idx: np.ndarray) -> np.ndarray:
+        """Flat buffer positions of tensor ``tid``'s chunk-order ``idx`` (n_chunks, k)."""
+        local = self.local[tid]
+        within = idx if local is None else local[idx]
+        out: np.ndarray = self.chunk_base[tid][:, None] + within
+        return out
+
+
+def _spatial_tables(layout: ChunkLayout) -> tuple[np.ndarray, np.ndarray]:
+    """(chunk base (n,), local (chunk_numel,)) of spatial-order positions (as ``dct.index_tables``)."""
+    n = np.arange(layout.n_chunks, dtype=np.int64)
+    i = np.arange(layout.chunk_numel, dtype=np.int64)
+    if len(layout.block) == 1:
+        return n * layout.block[0], i
+    (_gr, gc), (br, bc) = layout.grid, layout.block
+    return (n // gc) * (br * gc * bc) + (n % gc) * bc, (i // bc) * (gc * bc) + i % bc
+
+
+@functools.lru_cache(maxsize=16)
+def plan_batch(layouts: tuple[ChunkLayout, ...]) -> BatchPlan:
+    """The buffer plan of a run's layouts (cached: a run has one layout). Cost O(total chunks)."""
+    big = tuple(lay.n_coefficients > SMALL_COEFFICIENTS for lay in layouts)
+    by_block: dict[tuple[int, ...], list[int]] = {}
+    for t, lay in enumerate(layouts):
+        if not big[t]:
+            by_block.setdefault(lay.block, []).append(t)
+    offset = [0] * len(layouts)
+    base: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(layouts)
+    local: list[np.ndarray | None] = [None] * len(layouts)
+    groups, pos = [], 0
+    for block, members in by_block.items():
+        start, cn, chunks = pos, layouts[members[0]].chunk_numel, 0
+        for t in members:
+            offset[t] = pos
+            base[t] = pos + cn * np.arange(layouts[t].n_chunks, dtype=np.int64)
+            pos += layouts[t].n_coefficients
+            chunks += layouts[t].n_chunks
+        groups.append(_Group(block, start, chunks, tuple(members)))
+    for t, lay in enumerate(layouts):
+        if big[t]:
+            b, loc = _spatial_tables(lay)
+            offset[t], base[t], local[t] = pos, pos + b, loc
+            pos += lay.n_coefficients
+    return BatchPlan(layouts, pos, tuple(offset), big, tuple(groups), tuple(base), tuple(local))
+
+
+_BASES: OrderedDict[tuple[int, bytes], np.ndarray] = OrderedDict()
+_BASES_KEEP = 8
+
+
+def _coefficient_base(plan: BatchPlan, flat: FlatPayload) -> np.ndarray:
+    """Per coefficient of ``flat``, its chunk's base position (cached per packet structure)."""
+    key = (id(plan), flat.structure)
+    hit = _BASES.get(key)
+    if hit is not None:
+        _BASES.move_to_end(key)
+        return hit
+    bases = [plan.chunk_base[t] for t in flat.tensor_ids.tolist()]
+    chunk_base = np.concatenate(bases) if bases else np.zeros(0, dtype=np.int64)
+    out = np.repeat(chunk_base, np.repeat(flat.k, flat.n))
+    _BASES[key] = out
+    if len(_BASES) > _BASES_KEEP:
+        _BASES.popitem(last=False)
+    return out
+
+
+def _flat_positions(plan: BatchPlan, flat: FlatPayload) -> np.ndarray:
+    pos: np.ndarray = _coefficient_base(plan, flat) + flat.idx
+    for j, t in enumerate(flat.tensor_ids.tolist()):
+        local = plan.local[t]
+        if local is not None:  # big tensor: spatial order inside its chunk
+            a, b = int(flat.offsets[j]), int(flat.offsets[j + 1])
+            pos[a:b] += local[flat.idx[a:b]] - flat.idx[a:b]
+    return pos
+
+
+def _invert(plan: BatchPlan, buf: torch.Tensor) -> list[torch.Tensor]:
+    out: list[torch.Tensor | None] = [None] * len(plan.layouts)
+    dt, dev = buf.dtype, buf.device
+    for g in plan.groups:
+        region = buf[g.start : g.start + g.n_chunks * int(np.prod(g.block))]
+        if len(g.block) == 1:
+            x = region.view(g.n_chunks, g.block[0]) @ dct_basis(g.block[0], dt, dev)
+        else:
+            br, bc = g.block
+            z = region.view(g.n_chunks * br, bc) @ dct_basis(bc, dt, dev)
+            x = torch.matmul(dct_basis(br, dt, dev).T, z.view(g.n_chunks, br, bc))
+        row = 0
+        for t in g.members:
+            lay = plan.layouts[t]
+            out[t] = _from_chunks(x[row : row + lay.n_chunks], lay)
+            row += lay.n_chunks
+    for t, lay in enumerate(plan.layouts):
+        if plan.big[t]:
+            region = buf[plan.offset[t] : plan.offset[t] + lay.n_coefficients]
+            spatial = (lay.grid[0], lay.block[0]) if len(lay.block) == 1 else (lay.batch, *lay.padded)
+            out[t] = idct_spatial(region.view(spatial), lay)
+    return [x for x in out if x is not None]
+
+
+def _from_chunks(x: torch.Tensor, lay: ChunkLayout) -> torch.Tensor:
+    """Chunk-order decoded blocks ``(n, *block)`` to a tensor of ``lay.shape`` (padding dropped)."""
+    if len(lay.block) == 1:
+        return x.reshape(-1)[: lay.numel].reshape(lay.shape)
+    (gr, gc), (br, bc) = lay.grid, lay.block
+    x3 = x.view(lay.batch, gr, gc, br, bc).permute(0, 1, 3, 2, 4).reshape(lay.batch, *lay.padded)
+    if lay.is_padded:
+        r, c = lay.core
+        x3 = x3[:, :r, :c]
+    return x3.reshape(lay.shape)
+
+
+def _buffer(plan: BatchPlan, dt: torch.dtype, dev: torch.device) -> torch.Tensor:
+    return scratch(1, (plan.size,), dt, dev).zero_()
+
+
+def decode_flat(
+    layouts: Sequence[ChunkLayout],
+    payloads: Sequence[FlatPayload],
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> list[torch.Tensor]:
+    """Sum of decoded payloads (``decode_payload_flat`` results against ``layouts``), per tensor.
+
+    Returns one tensor per layout (zeros where no payload carries it). The payloads' indices were
+    checked by the payload decoder; their ``(n_chunks, chunk_numel)`` must be the layouts'.
+    Cost: zeroing the buffer, one scatter per payload, one inverse per block shape.
+
+    Raises:
+        KernelError: a payload does not fit ``layouts``.
+    """
+    plan = plan_batch(tuple(layouts))
+    dt, dev = work_dtype(dtype), torch.device(device)
+    for flat in payloads:
+        tids = flat.tensor_ids.tolist()
+        if tids and (
+            tids[-1] >= len(layouts)
+            or any(
+                (plan.layouts[t].n_chunks, plan.layouts[t].chunk_numel) != (n, cn)
+                for t, n, cn in zip(tids, flat.n.tolist(), flat.cn.tolist(), strict=True)
+            )
+        ):
+            raise KernelError("a payload's tensors do not match the layouts")
+    with torch.no_grad():
+        buf = _buffer(plan, dt, dev)
+        for flat in payloads:
+            if flat.idx.size:
+                pos = torch.from_numpy(_flat_positions(plan, flat)).to(dev)
+                buf.index_add_(0, pos, torch.from_numpy(flat.val).to(device=dev, dtype=dt))
+        return _invert(plan, buf)
+
+
+def _part_arrays(lay: ChunkLayout, tid: int, part: Part) -> tuple[np.ndarray, np.ndarray]:
+    idx, val = part
+    if idx.dtype != torch.int64 or idx.dim() != 2 or idx.shape[0] != lay.n_chunks:
+        raise KernelError(
+            f"tensor {tid}: idx must be int64 ({lay.n_chunks}, k), got {idx.dtype} {tuple(idx.shape)}"
+        )
+    if tuple(val.shape) != tuple(idx.shape):
+        raise KernelError(f"tensor {tid}: val {tuple(val.shape)} must match idx {tuple(idx.shape)}")
+    work_dtype(val.dtype)
+    return idx.detach().cpu().numpy(), val.detach().cpu().float().numpy()
+
+
+def decode_sum_many(
+    layouts: Sequence[ChunkLayout],
+    parts: Sequence[Sequence[Part]],
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> list[torch.Tensor]:
+    """``[decode_sum(layouts[t], parts[t]) for t]`` in one pass (one scatter, one inverse per block shape).
+
+    ``parts[t]`` are tensor ``t``'s ``(idx, val)`` parts (any number, any k; see
+    :mod:`distronet.kernels.decode`). Equal to the per-tensor decode up to rounding.
+
+    Raises:
+        KernelError: ``parts`` and ``layouts`` differ in length, a part has the wrong shape or
+            dtype, or an index lies outside ``[0, chunk_numel)``.
+    """
+    if len(parts) != len(layouts):
+        raise KernelError(f"{len(parts)} part lists for {len(layouts)} layouts")
+    plan = plan_batch(tuple(layouts))
+    dt, dev = work_dtype(dtype), torch.device(device)
+    pos_all, val_all = [], []
+    for t, tparts in enumerate(parts):
+        if not tparts:
+            continue
+        lay = plan.layouts[t]
+        arrays = [_part_arrays(lay, t, p) for p in tparts]
+        idx = arrays[0][0] if len(arrays) == 1 else np.concatenate([a[0] for a in arrays], axis=1)
+        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= lay.chunk_numel):
+            raise KernelError(f"tensor {t}: an index is outside [0, {lay.chunk_numel})")
+        pos_all.append(plan.positions(t, idx).reshape(-1))
+        val_all.append(np.concatenate([a[1] for a in arrays], axis=1).reshape(-1))
+    with torch.no_grad():
+        buf = _buffer(plan, dt, dev)
+        if pos_all:
+            pos = torch.from_numpy(np.concatenate(pos_all)).to(dev)
+            buf.index_add_(0, pos, torch.from_numpy(np.concatenate(val_all)).to(device=dev, dtype=dt))
+        return _invert(plan, buf)

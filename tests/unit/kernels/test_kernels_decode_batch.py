@@ -1,0 +1,98 @@
+"""decode_sum_many / decode_flat: every tensor of every packet in one pass equals per-tensor decode_sum."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from distronet.kernels import decode_batch
+from distronet.kernels.coding import (
+    IndexCoding,
+    ValueCoding,
+    decode_payload_flat,
+    encode_payload,
+    encode_tensor,
+)
+from distronet.kernels.decode import decode_sum
+from distronet.kernels.decode_batch import decode_flat, decode_sum_many, plan_batch
+from distronet.kernels.layout import plan_layout
+from distronet.kernels.topk import dct_topk
+from distronet.protocol.errors import KernelError
+
+# Small tensors of several block shapes (padded, batched) and one "big" one (over the patched
+# SMALL_COEFFICIENTS: spatial order, its own inverse).
+SHAPES = [(), (7,), (200,), (67, 131), (128, 96), (2, 3, 20, 70), (64, 64), (160, 144)]
+
+
+@pytest.fixture(autouse=True)
+def _small_big_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(decode_batch, "SMALL_COEFFICIENTS", 20_000)
+    plan_batch.cache_clear()
+
+
+def _parts(shapes: list[tuple[int, ...]], seed: int, k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    lays = [plan_layout(s, 16) for s in shapes]
+    return [
+        dct_topk(torch.randn(s, generator=g), lay, min(k, lay.chunk_numel))
+        for s, lay in zip(shapes, lays, strict=True)
+    ]
+
+
+def test_plan_puts_big_tensors_apart() -> None:
+    plan = plan_batch(tuple(plan_layout(s, 16) for s in SHAPES))
+    assert plan.big == (False,) * 7 + (True,)
+    assert plan.size == sum(plan_layout(s, 16).n_coefficients for s in SHAPES)
+    blocks = [g.block for g in plan.groups]
+    assert len(blocks) == len(set(blocks))  # one group per block shape
+    assert sum(g.n_chunks for g in plan.groups) == sum(plan_layout(s, 16).n_chunks for s in SHAPES[:7])
+
+
+@pytest.mark.parametrize("packets", [1, 5])
+def test_many_equals_per_tensor_decode(packets: int) -> None:
+    layouts = [plan_layout(s, 16) for s in SHAPES]
+    per_packet = [_parts(SHAPES, seed, 1 + seed % 4) for seed in range(packets)]
+    parts = [[p[t] for p in per_packet] for t in range(len(SHAPES))]
+    got = decode_sum_many(layouts, parts)
+    for lay, ps, x in zip(layouts, parts, got, strict=True):
+        assert x.shape == lay.shape and x.dtype == torch.float32
+        torch.testing.assert_close(x, decode_sum(lay, ps, method="dense"), atol=2e-5, rtol=1e-5)
+
+
+def test_missing_tensors_decode_to_zero_and_bad_parts_raise() -> None:
+    layouts = [plan_layout(s, 16) for s in [(40,), (32, 32)]]
+    (p,) = _parts([(40,)], 0, 3)
+    z = decode_sum_many(layouts, [[p], []])
+    assert z[1].abs().sum() == 0 and z[0].abs().sum() > 0
+    with pytest.raises(KernelError):
+        decode_sum_many(layouts, [[p]])
+    with pytest.raises(KernelError):
+        decode_sum_many(layouts, [[(p[0] + 100, p[1])], []])
+    with pytest.raises(KernelError):
+        decode_sum_many(layouts, [[(p[0].int(), p[1])], []])
+
+
+def test_decode_flat_of_coded_payloads_equals_decode_sum() -> None:
+    shapes = [(200,), (67, 131), (2, 3, 20, 70), (160, 144)]
+    layouts = [plan_layout(s, 16) for s in shapes]
+    nk = [(lay.n_chunks, lay.chunk_numel) for lay in layouts]
+    flats = []
+    parts: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in shapes]
+    codings = [(ValueCoding.FP32, IndexCoding.FIXED), (ValueCoding.SIGN1, IndexCoding.ENTROPY)]
+    for seed, (vc, ic) in enumerate(codings):
+        first = seed  # the second payload leaves tensor 0 out
+        coded = []
+        for t, (idx, val) in enumerate(_parts(shapes, seed, 3)):
+            if t < first:
+                continue
+            enc, deq = encode_tensor(t, idx.numpy(), val.numpy(), layouts[t].chunk_numel, vc, ic)
+            coded.append(enc)
+            parts[t].append((idx, torch.from_numpy(deq)))
+        flats.append(decode_payload_flat(encode_payload(coded), nk))
+    got = decode_flat(layouts, flats)
+    want = decode_sum_many(layouts, parts)
+    for lay, ps, x, y in zip(layouts, parts, got, want, strict=True):
+        torch.testing.assert_close(x, y, atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(x, decode_sum(lay, ps), atol=2e-5, rtol=1e-5)
+    with pytest.raises(KernelError):
+        decode_flat(layouts[:2], flats)

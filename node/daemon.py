@@ -134,6 +134,7 @@ class Node:
         self.offered: dict[int, bytes] = {}  # step -> sha256 of the state blob we offer
         self._tokens: Any = None  # the current shard's tokens (numpy, 1-D)
         self.completed: set[int] = set()  # shard units we reported complete (each reported once)
+        self.catch_up_failed = False  # the last catch_up could not fetch or load a peer's state
 
     def _to(self, new: NodeState) -> None:
         if new not in _NEXT[self.state]:
@@ -152,6 +153,7 @@ class Node:
         Raises ``NodeError`` with the exit code to use (coordinator unreachable, refused, p2pd).
         """
         self = cls(cfg)
+        log.info("starting: run %s, coordinator %s", cfg.run_id, cfg.coordinator)
         self._to(NodeState.STARTING)
         try:
             await self._build()
@@ -198,6 +200,7 @@ class Node:
             self.maddrs = await self.swarm.host.maddrs()
         except SwarmError as e:
             raise NodeError(f"the libp2p daemon could not start or join: {e}", ExitCode.NETWORK) from e
+        log.info("p2pd up, %d bootstrap address(es); building the model", len(boot))
         await self.client.heartbeat(0, multiaddrs=self.maddrs)
         self._build_training(spec, dcfg)
 
@@ -252,11 +255,12 @@ class Node:
         self._tasks.append(asyncio.create_task(node_loop.heartbeats(self), name="heartbeats"))
         try:
             await node_loop.wait_for_peers(self)
+            log.info("%d peer(s) in the mesh", self.status.peers)
             if self.stop_requested.is_set():
                 self._to(NodeState.STOPPING)
                 return ExitCode.OK
             if self.status.peers:  # a newcomer to a running swarm starts from its current state
-                await self.catch_up(newer_than=self.step, timeout=30.0)
+                await self._first_catch_up(timeout=30.0)
             self._to(NodeState.TRAINING)
             await node_loop.train(self)
         finally:
@@ -315,6 +319,16 @@ class Node:
             for old in sorted(self.offered)[:-4]:
                 del self.offered[old]
 
+    async def _first_catch_up(self, timeout: float) -> None:
+        """Adopt the swarm's state before the first step; try again (within ``timeout``) while
+        fetching fails (a donor moved on mid-download), not when the swarm has nothing newer."""
+        end = time.monotonic() + timeout
+        while not await self.catch_up(newer_than=self.step, timeout=max(1.0, end - time.monotonic())):
+            if not self.catch_up_failed or time.monotonic() >= end or self.stop_requested.is_set():
+                return
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stop_requested.wait(), 0.3)
+
     async def catch_up(self, *, newer_than: int, timeout: float) -> bool:
         """Adopt the newest state the peers agree on if its step is > ``newer_than``; True if adopted.
 
@@ -322,6 +336,7 @@ class Node:
         newer state; ``ExchangeError``-free: the exchange is reused as it is.
         """
         assert self.swarm is not None
+        self.catch_up_failed = False
         donors = list(set(await self.swarm.gossip.topic_peers(self.swarm.topic)))
         if not donors:
             return False
@@ -331,6 +346,7 @@ class Node:
             )
         except (SwarmError, asyncio.TimeoutError) as e:
             log.info("no state to catch up from: %s", e)
+            self.catch_up_failed = True
             return False
         if manifest.step <= newer_than:
             return False
@@ -340,6 +356,7 @@ class Node:
             step = await asyncio.to_thread(load_state_blob, blob, model, fresh)
         except ConfigError as e:
             log.warning("a peer's state does not fit this run's model: %s", e)
+            self.catch_up_failed = True
             return False
         self.optimizer = fresh
         self.optimizer.resume_at(step)

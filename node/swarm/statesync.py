@@ -125,13 +125,15 @@ class StateDonor:
         await swarm.host.p2p.add_binary_stream_handler(STATE_MANIFEST_PROTOCOL, self._serve_manifest)
         return self
 
-    def offer(self, step: int, blob: bytes, *, chunk_bytes: int = 4 * 2**20) -> StateManifest:
-        """Replace the offered state with ``blob`` of ``step`` (cost: one sha256 pass)."""
+    def offer(self, step: int, blob: bytes, *, chunk_bytes: int = 4 * 2**20, keep: int = 2) -> StateManifest:
+        """Offer ``blob`` of ``step`` from now on (cost: one sha256 pass). The chunks of the
+        previous offers of the last ``keep`` steps stay servable, so a newcomer that read the
+        manifest just before this call can still fetch it (memory: up to ``keep`` states)."""
         if not blob or -(-len(blob) // chunk_bytes) > MAX_CHUNKS:
             raise ValueError(f"state of {len(blob)} bytes does not fit {MAX_CHUNKS} chunks of {chunk_bytes}")
         ident: Identity = self.swarm.identity
         store = self.puller.store
-        store.evict_before(2**63)
+        store.evict_before(step - max(keep, 1) + 1)
         chunks = [store.put(blob[o : o + chunk_bytes], step) for o in range(0, len(blob), chunk_bytes)]
         sha = hashlib.sha256(blob).digest()
         run = self.swarm.run_id

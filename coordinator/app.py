@@ -356,8 +356,14 @@ class CoordinatorApp:
 
     @staticmethod
     async def _read(request: web.Request, limit: int) -> bytes:
+        content = request.content
+        if content.is_eof():  # the whole body has arrived already (small bodies): no await
+            body = content.read_nowait()
+            if len(body) > limit:
+                raise ApiError(ApiErrorCode.TOO_LARGE, f"body is over this route's {limit} bytes")
+            return body
         buf = bytearray()
-        async for chunk in request.content.iter_any():
+        async for chunk in content.iter_any():
             buf += chunk
             if len(buf) > limit:
                 raise ApiError(ApiErrorCode.TOO_LARGE, f"body is over this route's {limit} bytes")

@@ -13,6 +13,7 @@ nonces.
 
 from __future__ import annotations
 
+import binascii
 import hmac
 import re
 import time
@@ -34,7 +35,7 @@ from distronet.protocol.coordinator_api import (
     b64decode_sig,
     request_message,
 )
-from distronet.protocol.coordinator_session import HDR_MAC, HDR_SESSION, b64decode_mac
+from distronet.protocol.coordinator_session import HDR_MAC, HDR_SESSION, MAC_B64_LEN
 
 __all__ = [
     "MacHeaders",
@@ -126,7 +127,7 @@ def verify_signed(h: SignedHeaders, method: str, path: str, body: bytes) -> None
 
 
 class MacHeaders:
-    """The parsed headers of one session request."""
+    """The parsed headers of one session request (``mac``: the header's base64, as bytes)."""
 
     __slots__ = ("mac", "nonce", "peer", "session", "ts_ms")
 
@@ -167,12 +168,19 @@ def parse_mac(
     if session.peer != peer or session.run_id != run_id:
         raise ApiError(ApiErrorCode.BAD_SIGNATURE, "this session belongs to another peer or run")
     ts_ms = _check_time_nonce(ts, nonce, skew_s, not_before_ms, now)
-    return MacHeaders(peer, session, ts_ms, nonce, b64decode_mac(mac))
+    if len(mac) != MAC_B64_LEN or not mac.isascii():
+        raise ApiError(ApiErrorCode.BAD_SIGNATURE, f"{HDR_MAC} must be 44 characters of base64")
+    return MacHeaders(peer, session, ts_ms, nonce, mac.encode())
 
 
 def verify_mac(h: MacHeaders, method: str, path: str, body: bytes) -> None:
-    """Raise ApiError(BAD_SIGNATURE) unless the MAC covers this exact request (constant time)."""
-    good = h.session.mac(request_message(method, path, h.ts_ms, h.nonce, body))
+    """Raise ApiError(BAD_SIGNATURE) unless the MAC covers this exact request (constant time).
+
+    Compared in base64 (canonical: one encoding per MAC), which saves decoding the header.
+    """
+    good = binascii.b2a_base64(
+        h.session.mac(request_message(method, path, h.ts_ms, h.nonce, body)), newline=False
+    )
     if not hmac.compare_digest(good, h.mac):
         raise ApiError(ApiErrorCode.BAD_SIGNATURE, "request MAC does not verify for this session")
 

@@ -336,12 +336,16 @@ class Schema:
     name: str
     fields: tuple[Field, ...]
     extra: Callable[[dict[str, Any], str], None] | None = field(default=None, compare=False)
+    _known: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_known", frozenset(f.name for f in self.fields))
 
     def validate(self, obj: Any, where: str = "body") -> dict[str, Any]:
         """A new dict with every field checked and defaults filled. Raises ApiError."""
         if not isinstance(obj, dict):
             raise _bad(where, "must be a JSON object")
-        known = {f.name for f in self.fields}
+        known = self._known
         for key in obj:
             if key not in known:
                 raise _bad(f"{where}.{str(key)[:64]}", "unknown field")

@@ -1,19 +1,191 @@
-"""`distro-node bench network` (slot; not built yet)."""
+"""`distro-node bench network`: step rate on shaped links against compute alone; time to join.
+
+Three measurements in one run (:mod:`distronet.node.bench.network_run`):
+
+1. **compute-only**: ``--nodes`` processes train the run's model side by side with no network
+   (same model, optimizer, overlap and one torch thread each), before and after step 2;
+   the median step rate of all of them.
+2. **shaped**: ``--nodes`` real ``distro-node join`` processes, each in its own network
+   namespace on a veth shaped with tc (``--link-up``/``--link-down``, netem delay where the
+   kernel has it), with budgets ``--up``/``--down`` and overlap on; each node's step rate over
+   ``--steps`` steps after ``--warmup``, and the busiest 10 s window of bytes counted by the
+   kernel on each veth against the budget. Needs root, ``ip`` and ``tc``.
+3. **join**: on loopback, the default model, ``--nodes - 1`` nodes training; seconds from
+   starting a newcomer's ``distro-node join`` until a peer applies a round that accepted its
+   packet.
+
+Targets (issue 5): ``fraction_of_compute_rate`` ≥ 0.85, ``join_to_first_accept_s`` ≤ 10,
+``max_budget_overshoot`` ≤ 0.05 (busiest window / budget − 1; negative = headroom).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import os
 import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
 
 from distronet.node.exitcodes import ExitCode
 
+__all__ = ["DEFAULT_MODEL", "add_parser", "run"]
 
-def _not_built(_args: argparse.Namespace) -> int:
-    print("distro-node bench network: not built yet", file=sys.stderr)
-    return int(ExitCode.USAGE)
+DEFAULT_MODEL: dict[str, Any] = {"arch": "gpt", "seed": 0, "batch": 8, "seq_len": 64}
+QUICK_MODEL: dict[str, Any] = {
+    "arch": "gpt", "depth": 2, "width": 32, "heads": 4, "context": 64, "seed": 1, "batch": 8, "seq_len": 64,
+}  # fmt: skip
+TARGETS = {"fraction_of_compute_rate": 0.85, "join_to_first_accept_s": 10.0, "max_budget_overshoot": 0.05}
+
+
+def _measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    from distronet.node.bench.netns import LinkShape, missing_requirements
+    from distronet.node.bench.network_run import compute_only, join_to_first_accept, median, shaped_swarm
+
+    model = QUICK_MODEL if args.quick else DEFAULT_MODEL
+    optimizer = {"preset": args.preset, "overlap": True}
+    exchange = {
+        "round_deadline_s": args.round_deadline_s, "manifest_grace_s": 0.2, "manifest_wait_s": 1.5,
+        "pull_timeout_s": 10.0, "retention": 32,
+    }  # fmt: skip
+    out: dict[str, Any] = {"nodes": args.nodes, "up": args.up, "down": args.down, "model": model}
+    out.update(optimizer=optimizer, exchange=exchange, link_up=args.link_up, link_down=args.link_down)
+    why_not = missing_requirements()
+    if why_not is None and not args.skip_shaped:
+        cw = min(3, args.warmup)
+        before = compute_only(model, optimizer, n=args.nodes, steps=args.steps, warmup=cw)
+        shaped = shaped_swarm(
+            tmp / "shaped", n=args.nodes, link=LinkShape(args.link_up, args.link_down, args.delay_ms),
+            up=args.up, down=args.down, model=model, optimizer=optimizer, exchange=exchange,
+            warmup=args.warmup, steps=args.steps,
+        )  # fmt: skip
+        after = compute_only(model, optimizer, n=args.nodes, steps=args.steps, warmup=cw)
+        compute_rate = median(before + after)
+        out.update(
+            compute_steps_per_s=compute_rate,
+            compute_steps_per_s_before_after=[median(before), median(after)],
+            shaped_steps_per_s=median(shaped.rates),
+            shaped_steps_per_s_per_node=shaped.rates,
+            fraction_of_compute_rate=median(shaped.rates) / compute_rate,
+            max_budget_overshoot=max(shaped.up_ratio + shaped.down_ratio) - 1.0,
+            budget_ratio_up=shaped.up_ratio,
+            budget_ratio_down=shaped.down_ratio,
+            delay_applied=shaped.delay_applied,
+            replicas_identical=shaped.identical,
+        )
+    else:
+        out.update(fraction_of_compute_rate=None, max_budget_overshoot=None)
+        out["shaped_skipped"] = why_not or "--skip-shaped"
+    if args.skip_join:
+        out["join_to_first_accept_s"] = None
+    else:
+        (tmp / "join").mkdir()
+        joined = join_to_first_accept(
+            tmp / "join", model=model, peers=max(1, args.nodes - 1), round_deadline_s=args.join_deadline_s
+        )
+        out.update(join_to_first_accept_s=joined.seconds, join_first_accepted_step=joined.first_step)
+    return out
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, spec)
+
+
+def _verdict(key: str, value: Any) -> str:
+    if value is None:
+        return "not measured"
+    good = value >= TARGETS[key] if key == "fraction_of_compute_rate" else value <= TARGETS[key]
+    return "met" if good else "NOT met"
+
+
+def _list(values: list[float], spec: str) -> str:
+    return ", ".join(_fmt(v, spec) for v in values) or "-"
+
+
+def _table(r: dict[str, Any]) -> str:
+    frac, over, join = r["fraction_of_compute_rate"], r["max_budget_overshoot"], r["join_to_first_accept_s"]
+    compute, shaped = r.get("compute_steps_per_s"), r.get("shaped_steps_per_s")
+    rows = [
+        ("compute-only steps/s (median; before, after)",
+         f"{_fmt(compute, '.3f')} ({_list(r.get('compute_steps_per_s_before_after', []), '.3f')})"),
+        ("shaped steps/s (median; per node)",
+         f"{_fmt(shaped, '.3f')} ({_list(r.get('shaped_steps_per_s_per_node', []), '.3f')})"),
+        ("fraction_of_compute_rate (>= 0.85)",
+         f"{_fmt(frac, '.3f')}  {_verdict('fraction_of_compute_rate', frac)}"),
+        ("busiest 10 s window / budget, up", _list(r.get("budget_ratio_up", []), ".3f")),
+        ("busiest 10 s window / budget, down", _list(r.get("budget_ratio_down", []), ".3f")),
+        ("max_budget_overshoot (<= 0.05)", f"{_fmt(over, '+.3f')}  {_verdict('max_budget_overshoot', over)}"),
+        ("join_to_first_accept_s (<= 10, loopback)",
+         f"{_fmt(join, '.1f')}  {_verdict('join_to_first_accept_s', join)}"),
+    ]  # fmt: skip
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark; print a table (or JSON with ``--json``). Exit code per ExitCode."""
+    from distronet.node.bench.netns import NetnsError
+    from distronet.node.demo import SwarmFailure
+
+    if args.quick:
+        args.steps, args.warmup = min(args.steps, 6), min(args.warmup, 2)
+    load_before, t0 = os.getloadavg()[0], time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="distro-bench-net-") as d:
+        try:
+            result = _measure(args, Path(d))
+        except (SwarmFailure, NetnsError) as e:
+            print(f"distro-node bench network: FAILED: {e}", file=sys.stderr)
+            return int(ExitCode.ERROR)
+    result.update(seconds=time.monotonic() - t0, load_before=load_before, load_after=os.getloadavg()[0])
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return int(ExitCode.OK)
+    delay = "on" if result.get("delay_applied") else "not available"
+    print(
+        f"distro-node bench network: {args.nodes} nodes, budgets up {args.up} / down {args.down} on links "
+        f"{args.link_up} / {args.link_down} (netem delay {delay}), "
+        f"overlap on, {args.steps} steps after {args.warmup}; {result['seconds']:.0f} s, load average "
+        f"{load_before:.1f} before / {result['load_after']:.1f} after on {os.cpu_count()} CPUs"
+    )
+    if result.get("shaped_skipped"):
+        print(f"shaped links skipped: {result['shaped_skipped']}")
+    print(_table(result))
+    return int(ExitCode.OK)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register `distro-node bench network`."""
-    p = sub.add_parser("network", help="(not built yet)")
-    p.set_defaults(func=_not_built)
+    p = sub.add_parser(
+        "network", help="step rate on tc-shaped links vs compute alone; time for a newcomer to count"
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="tiny model, 6 steps (a smoke run; figures are not the targets')"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--nodes", type=int, default=4, help="nodes (default 4)")
+    p.add_argument("--steps", type=int, default=15, help="timed steps (default 15)")
+    p.add_argument("--warmup", type=int, default=4, help="steps before timing starts (default 4)")
+    p.add_argument("--up", default="4mbit", help="each node's upload budget (default 4mbit)")
+    p.add_argument("--down", default="20mbit", help="each node's download budget (default 20mbit)")
+    p.add_argument("--link-up", default="10mbit", help="tc rate of each node's upload link (default 10mbit)")
+    p.add_argument(
+        "--link-down", default="50mbit", help="tc rate of each node's download link (default 50mbit)"
+    )
+    p.add_argument(
+        "--delay-ms", type=float, default=20.0, help="netem delay each way, where available (default 20)"
+    )
+    p.add_argument("--preset", default="ours_k32", help="optimizer preset (default ours_k32)")
+    p.add_argument(
+        "--round-deadline-s", type=float, default=0.5, help="the run's round deadline (default 0.5)"
+    )
+    p.add_argument(
+        "--join-deadline-s", type=float, default=0.5, help="round deadline of the join run (default 0.5)"
+    )
+    p.add_argument("--skip-shaped", action="store_true", help="only the join measurement")
+    p.add_argument("--skip-join", action="store_true", help="only the shaped-link measurements")
+    p.set_defaults(func=run)

@@ -1,0 +1,64 @@
+"""The compute-only side of `distro-node bench network`: one node's training with no network.
+
+``python -m distronet.node.bench.network_compute '<json>'`` builds the run's model and
+``DistroOptimizer`` exactly as a node does (same ``[model]`` and ``[optimizer]`` tables, same
+thread count), over an in-memory exchange with this peer alone (so encode, decode and apply
+still run), trains ``warmup + steps`` steps on the built-in corpus and prints one JSON line:
+``{"steps_per_s": ..., "step_s": [...]}`` (the timed steps only).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+__all__ = ["compute_rate", "main"]
+
+
+def compute_rate(
+    model: dict[str, Any], optimizer: dict[str, Any], *, steps: int, warmup: int, threads: int, peer: int = 0
+) -> dict[str, Any]:
+    """Steps per second of training alone (after ``warmup`` untimed steps) and each step's seconds."""
+    import torch
+
+    from distronet.node.data import load_builtin_corpus
+    from distronet.node.data.order import BatchOrder
+    from distronet.node.exchange.memory import MemoryExchange, MemoryHub
+    from distronet.node.node_parts import optimizer_config
+    from distronet.node.optim.distro import DistroOptimizer
+    from distronet.node.trainer import ModelSpec, Trainer
+    from distronet.protocol.identity import Identity
+
+    torch.set_num_threads(threads)
+    spec = ModelSpec.from_run(model)
+    device = torch.device("cpu")
+    net = spec.build(device)
+    ident = Identity.generate()
+    exchange = MemoryExchange(MemoryHub(), ident.peer_id)
+    opt = DistroOptimizer(net.named_parameters(), optimizer_config("bench", optimizer), exchange, ident)
+    tokens = load_builtin_corpus().train[:200_000]
+    order = BatchOrder(tokens, "bench", spec.seed, peer, spec.batch, spec.seq_len)
+    trainer = Trainer(net, opt, order.xy, device)
+    times = []
+    for step in range(warmup + steps):
+        t0 = time.perf_counter()
+        trainer.step(step)
+        if step >= warmup:
+            times.append(time.perf_counter() - t0)
+    return {"steps_per_s": len(times) / sum(times), "step_s": times}
+
+
+def main(argv: list[str]) -> int:
+    args = json.loads(argv[0])
+    out = compute_rate(
+        args["model"], args["optimizer"], steps=args["steps"], warmup=args["warmup"], threads=args["threads"],
+        peer=args.get("peer", 0),
+    )  # fmt: skip
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main(sys.argv[1:]))

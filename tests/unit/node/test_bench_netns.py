@@ -1,0 +1,121 @@
+"""`bench/netns`: the sliding-window peak, input checks, and (as root) shaped veths that count bytes."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from distronet.node.bench import network
+from distronet.node.bench.netns import (
+    LinkShape,
+    NetnsError,
+    ShapedNet,
+    max_window_bytes,
+    missing_requirements,
+)
+from distronet.protocol.errors import ConfigError
+
+
+def _brute(samples: list[tuple[float, int]], window: float) -> int:
+    return max(
+        (b[1] - a[1] for i, a in enumerate(samples) for b in samples[i:] if b[0] - a[0] <= window + 1e-9),
+        default=0,
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.01, 3.0), st.integers(0, 10_000)), min_size=1, max_size=40))
+def test_max_window_bytes_matches_brute_force(steps: list[tuple[float, int]]) -> None:
+    t, total, samples = 0.0, 0, []
+    for dt, n in steps:
+        t, total = t + dt, total + n
+        samples.append((t, total))
+    peak = max_window_bytes(samples, 5.0)
+    assert peak.nbytes == _brute(samples, 5.0)
+    assert peak.span_s <= 5.0 + 1e-9
+
+
+def test_bad_shapes_and_names_are_refused() -> None:
+    with pytest.raises(ConfigError):
+        LinkShape(up="fast")
+    with pytest.raises(NetnsError):
+        LinkShape(delay_ms=-1.0)
+    with pytest.raises(NetnsError):
+        ShapedNet(2, LinkShape(), prefix="has-dash")
+    with pytest.raises(NetnsError):
+        ShapedNet(0, LinkShape())
+
+
+def test_bench_network_registers_its_flags() -> None:
+    parser = argparse.ArgumentParser()
+    network.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["network", "--json", "--quick", "--up", "2mbit", "--skip-join"])
+    assert args.func is network.run and args.json and args.quick and args.up == "2mbit" and args.skip_join
+
+
+SENDER = """
+import socket, sys, time
+s = socket.create_connection((sys.argv[1], 5601), timeout=10)
+end = time.monotonic() + 1.0
+while time.monotonic() < end:
+    s.sendall(b"x" * 65536)
+s.close()
+"""
+
+RECEIVER = """
+import socket, sys
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind((sys.argv[1], 5601))
+srv.listen(1)
+print("ready", flush=True)
+c, _ = srv.accept()
+n = 0
+while True:
+    b = c.recv(65536)
+    if not b:
+        break
+    n += len(b)
+print(n, flush=True)
+"""
+
+
+@pytest.mark.netns
+@pytest.mark.skipif(missing_requirements() is not None, reason=missing_requirements() or "")
+def test_node_to_node_bytes_cross_both_veths_at_the_shaped_rate() -> None:
+    with ShapedNet(
+        2, LinkShape(up="8mbit", down="40mbit", delay_ms=0.0), prefix="dnu", subnet="10.76.0"
+    ) as net:
+        assert (
+            f"{net.ns(0)}" in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        )
+        before = [net.counters(i) for i in range(2)]
+        recv = subprocess.Popen(
+            [*net.exec_prefix(1), sys.executable, "-c", RECEIVER, net.node_ip(1)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert recv.stdout is not None and recv.stdout.readline().strip() == "ready"
+            t0 = time.monotonic()
+            subprocess.run(
+                [*net.exec_prefix(0), sys.executable, "-c", SENDER, net.node_ip(1)], check=True, timeout=30
+            )
+            got = int(recv.stdout.readline())
+            elapsed = time.monotonic() - t0
+        finally:
+            recv.kill()
+            recv.communicate(timeout=10)
+        after = [net.counters(i) for i in range(2)]
+    sent_up = after[0][0] - before[0][0]
+    got_down = after[1][1] - before[1][1]
+    assert got <= sent_up and got <= got_down  # every payload byte crossed both veths, headers on top
+    assert got / elapsed <= 8e6 / 8 * 1.1  # tbf holds the upload link to 8 mbit
+    leftover = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    assert "dnu-br" not in leftover and "dnuh0" not in leftover

@@ -58,6 +58,10 @@ class DistroConfig:
     Tensors with ``numel <= dense_max_numel`` (or of rank <= 1 when ``dense_1d``) travel dense
     (every coefficient, no index bits) with ``dense_value_coding``. ``k_start`` > ``k`` starts
     with a larger k and decays it linearly to ``k`` over ``k_decay_steps``.
+
+    Overlap (``overlap``): rounds apply one step late; ``overlap_lookahead`` stands in a guess of
+    the update in flight, ``overlap_predict`` says which: ``"last"`` (the previous update) or
+    ``"own"`` (the rule applied to this peer's own packet for that step).
     """
 
     lr: float = 1e-3
@@ -80,6 +84,7 @@ class DistroConfig:
     min_lr_ratio: float = 0.1
     overlap: bool = False
     overlap_lookahead: bool = True
+    overlap_predict: str = "last"
     ns_steps: int = 5
     beta2: float = 0.99
     adam_eps: float = 1e-8
@@ -99,6 +104,7 @@ class DistroConfig:
         _check(self.dense_max_numel >= 0, "dense_max_numel must be >= 0")
         _check(self.warmup_steps >= 0 and self.total_steps >= 0, "warmup_steps/total_steps must be >= 0")
         _check(self.decay in ("cosine", "linear", "constant"), f"unknown decay {self.decay!r}")
+        _check(self.overlap_predict in ("last", "own"), f"unknown overlap_predict {self.overlap_predict!r}")
         _check(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         _check(1 <= self.ns_steps <= 20, f"ns_steps must be in [1, 20], got {self.ns_steps}")
         _check(self.eps > 0 and self.adam_eps > 0, "eps and adam_eps must be > 0")

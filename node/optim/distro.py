@@ -18,7 +18,12 @@ Overlap (``cfg.overlap``): ``step`` publishes step t's packet and applies round 
 exchange of t runs while t + 1 computes. The replicas keep a bit-identical *consensus* copy θ̄
 that only ever receives aggregated updates; the model's parameters are θ̄ − lr·U_{t−1}
 (``overlap_lookahead``): the last update stands in for the one still in flight and is replaced
-(corrected) by the real one when it arrives. ``flush()`` applies the last round and sets θ = θ̄.
+(corrected) by the real one when it arrives; with ``overlap_predict="own"`` the stand-in is the
+rule applied to this peer's own packet for the step in flight instead. ``flush()`` applies the
+last round and sets θ = θ̄.
+
+Replicas sharing a ``DecodeCache`` (the in-process swarm) also share each round's aggregate and
+stateless update directions, computed once per round instead of once per replica.
 
 The split ``begin_step()`` / ``finish_step()`` lets a single-threaded simulation publish every
 peer's packet before any peer collects; ``step()`` is both.
@@ -38,6 +43,7 @@ from distronet.node.exchange.base import Exchange, Round
 from distronet.node.optim.config import DistroConfig, UpdateRule, lr_at
 from distronet.node.optim.packets import (
     DecodeCache,
+    DecodedRound,
     SentTensor,
     TensorPlan,
     build_packet,
@@ -206,6 +212,45 @@ class DistroOptimizer(torch.optim.Optimizer):
             adam_eps=cfg.adam_eps,
         )
 
+    def _update(
+        self,
+        plan: TensorPlan,
+        p: torch.Tensor,
+        dec: DecodedRound,
+        shared: dict[tuple[int, str], torch.Tensor],
+    ) -> torch.Tensor:
+        """This round's update of ``p`` (read-only: it may be shared with other in-process replicas).
+
+        The aggregate and a stateless rule's direction are pure functions of the round's frames,
+        so replicas sharing a ``DecodeCache`` compute them once (bit-identical either way).
+        """
+        tid = plan.tensor_id
+        d = shared.get((tid, "d"))
+        if d is None:
+            parts = dec.parts[tid]
+            d = decode_sum(plan.layout, parts, dtype=torch.float32, device=p.device).div_(len(dec.peers))
+            shared[(tid, "d")] = d
+        key = (tid, "u")
+        if self._rule_for(plan) is UpdateRule.ADAM:  # per-replica state: not shared
+            return self._direction(plan, p, d).to(p.dtype)
+        u = shared.get(key)
+        if u is None:
+            u = shared[key] = self._direction(plan, p, d).to(p.dtype)
+        return u
+
+    def _predict(self, plan: TensorPlan, p: torch.Tensor, sent: SentTensor) -> torch.Tensor:
+        """Overlap lookahead from this peer's own packet for the step in flight: the rule applied
+        to what it sent (the Adam rule normalises with the current ``v``, leaving it unchanged)."""
+        d = decode_sum(plan.layout, [(sent.idx, sent.val)], dtype=torch.float32, device=p.device)
+        rule = self._rule_for(plan)
+        st = self.state[p]
+        if rule is UpdateRule.ADAM and "v" in st:
+            v_hat: torch.Tensor = st["v"] / (1.0 - self.cfg.beta2 ** st.get("n", 1))
+            return (d / (v_hat.sqrt() + self.cfg.adam_eps)).to(p.dtype)
+        if rule is UpdateRule.ADAM:
+            rule = UpdateRule.RMS
+        return apply_rule(rule, d, ns_steps=self.cfg.ns_steps, eps=self.cfg.eps).to(p.dtype)
+
     @torch.no_grad()
     def _apply(self, rnd: Round, *, lookahead: bool = True) -> None:
         cfg = self.cfg
@@ -221,12 +266,14 @@ class DistroOptimizer(torch.optim.Optimizer):
         self.reports.append(StepReport(rnd.step, pending.lr, dec.peers, dec.rejected, own))
         n, lr = len(dec.peers), pending.lr
         next_lr = lr_at(cfg, rnd.step + 1) if (lookahead and cfg.overlap_lookahead) else 0.0
-        for plan, p in zip(self.plans, self._params, strict=True):
-            parts = dec.parts[plan.tensor_id]
+        shared = (
+            self.decode_cache.round_tensors(dec.key) if (self.decode_cache is not None and dec.key) else {}
+        )
+        own_next = self._pending.get(rnd.step + 1) if (next_lr and cfg.overlap_predict == "own") else None
+        for i, (plan, p) in enumerate(zip(self.plans, self._params, strict=True)):
             base = self.state[p]["consensus"] if cfg.overlap else p
             if n:
-                d = decode_sum(plan.layout, parts, dtype=torch.float32, device=device).div_(n)
-                u = self._direction(plan, p, d).to(p.dtype)
+                u = self._update(plan, p, dec, shared)
                 if cfg.weight_decay:
                     base.mul_(1.0 - lr * cfg.weight_decay)
                 base.add_(u, alpha=-lr)
@@ -235,4 +282,5 @@ class DistroOptimizer(torch.optim.Optimizer):
             if cfg.overlap:
                 p.copy_(base)
                 if next_lr:
-                    p.add_(u, alpha=-next_lr)
+                    guess = self._predict(plan, p, own_next.sent[i]) if own_next is not None else u
+                    p.add_(guess, alpha=-next_lr)

@@ -72,6 +72,7 @@ class DecodedRound:
     peers: tuple[bytes, ...]
     parts: dict[int, list[Part]]
     rejected: dict[bytes, RejectCode]
+    key: bytes = b""  # sha256 over (layout digest, step, accepted peer ids and frame hashes)
 
 
 _Decoded = list[tuple[int, Part]] | RejectCode
@@ -82,11 +83,17 @@ class DecodeCache:
 
     Decoding is a pure function of the frame's bytes, so an in-process swarm may decode each
     frame once for all its replicas. Holds at most ``max_entries`` frames (oldest evicted).
+    It also holds per-round results that are pure functions of a round's accepted frames
+    (``DecodedRound.key``): the decoded aggregate of a tensor and its stateless update
+    direction, at most ``max_rounds`` rounds. Cached tensors are shared: callers must not
+    modify them.
     """
 
-    def __init__(self, max_entries: int = 256) -> None:
+    def __init__(self, max_entries: int = 256, max_rounds: int = 2) -> None:
         self.max_entries = max_entries
+        self.max_rounds = max_rounds
         self._data: dict[bytes, _Decoded] = {}
+        self._rounds: dict[bytes, dict[tuple[int, str], torch.Tensor]] = {}
 
     def get(self, key: bytes) -> _Decoded | None:
         return self._data.get(key)
@@ -95,6 +102,15 @@ class DecodeCache:
         self._data[key] = value
         while len(self._data) > self.max_entries:
             del self._data[next(iter(self._data))]
+
+    def round_tensors(self, round_key: bytes) -> dict[tuple[int, str], torch.Tensor]:
+        """The mutable per-round store for ``round_key`` ((tensor id, what) -> tensor)."""
+        store = self._rounds.get(round_key)
+        if store is None:
+            store = self._rounds[round_key] = {}
+            while len(self._rounds) > self.max_rounds:
+                del self._rounds[next(iter(self._rounds))]
+        return store
 
 
 def make_plans(named_shapes: Sequence[tuple[str, tuple[int, ...]]], cfg: DistroConfig) -> list[TensorPlan]:
@@ -169,8 +185,10 @@ def open_round(
     parts: dict[int, list[Part]] = {p.tensor_id: [] for p in plans}
     peers: list[bytes] = []
     rejected: dict[bytes, RejectCode] = {}
+    round_hash = hashlib.sha256(digest + step.to_bytes(8, "big"))
     for pid in sorted(frames):
-        key = digest + step.to_bytes(8, "big") + pid + hashlib.sha256(frames[pid]).digest()
+        frame_hash = hashlib.sha256(frames[pid]).digest()
+        key = digest + step.to_bytes(8, "big") + pid + frame_hash
         got = cache.get(key) if cache is not None else None
         if got is None:
             got = _decode_frame(frames[pid], pid, cfg, step, digest, shapes)
@@ -180,9 +198,10 @@ def open_round(
             rejected[pid] = got
             continue
         peers.append(pid)
+        round_hash.update(pid + frame_hash)
         for tid, (idx, val) in got:
             parts[tid].append((idx.to(device), val.to(device)))
-    return DecodedRound(step, tuple(peers), parts, rejected)
+    return DecodedRound(step, tuple(peers), parts, rejected, round_hash.digest())
 
 
 def _decode_frame(

@@ -10,6 +10,7 @@ from torch import nn
 
 from distronet.node.exchange.faulty import FaultPlan
 from distronet.node.optim.config import preset
+from distronet.node.optim.packets import DecodeCache
 from distronet.node.swarm_sim import SwarmFaults, param_digest, run_swarm
 from distronet.protocol.errors import ConfigError
 
@@ -79,3 +80,18 @@ def test_upload_bytes_recorded_and_bad_arguments() -> None:
         run_swarm(_factory, _batches, preset("psyche"), 0, 2, loss_fn=_mse)
     with pytest.raises(ConfigError):
         run_swarm(_factory, _batches, preset("psyche"), 2, 2, SwarmFaults(deaths={5: 1}), loss_fn=_mse)
+
+
+@pytest.mark.parametrize("predict", ["last", "own"])
+def test_shared_round_cache_changes_no_bit(predict: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # replicas in one process share each round's aggregate and stateless direction: the result
+    # must equal every replica computing its own (here: a cache that never remembers a round)
+    cfg = preset("ours_k32", lr=3e-3, warmup_steps=0, overlap=True, overlap_predict=predict)
+    shared = run_swarm(_factory, _batches, cfg, 3, 6, loss_fn=_mse)
+    monkeypatch.setattr(DecodeCache, "round_tensors", lambda self, key: {})
+    alone = run_swarm(_factory, _batches, cfg, 3, 6, loss_fn=_mse)
+    digests = {param_digest(m) for m in shared.models + alone.models}
+    assert len(digests) == 1
+    assert shared.losses == alone.losses
+    with pytest.raises(ConfigError):
+        preset("ours_k32", overlap_predict="next")

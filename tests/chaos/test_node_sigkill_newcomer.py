@@ -13,6 +13,8 @@ Steps (seeded: which nodes die and when is drawn from ``random.Random(SEED)``):
     printed: ``newcomer_in_step_s``);
  5. the victims' units expire, are leased again and completed by a live node: the coordinator's
     API shows each ``done``, completed by a survivor or the newcomer, issued at least twice;
+    the newcomer's packets are masked for 3 warm-up steps after the state it adopted (the
+    survivors' accepted sets leave it out there), then accepted;
  6. a few steps later the newcomer and the survivors are bit-identical at a common step and
     the survivors' loss keeps falling; SIGTERM stops all three with exit 0;
  7. the ledger (the coordinator's SQLite file, read after it stopped) credits every completed
@@ -93,6 +95,17 @@ def test_two_nodes_killed_one_newcomer_the_run_keeps_stepping(tmp_path: Path) ->
             return all(swarm.api(f"/runs/chaos1/leases/{u}")["state"] == "done" for u in held)
 
         wait_for(reissued_and_done, 90.0, f"the killed nodes' units {held} to be completed again")
+
+        def newcomer_accepted() -> bool:  # once its warm-up is over, its packets count
+            warm_until = swarm.status(new).get("warmup_until", 2**62)
+            return any(
+                peer[new] in peers
+                for i in survivors
+                for k, peers in swarm.status(i).get("accepted", {}).items()
+                if int(k) >= warm_until
+            )
+
+        wait_for(newcomer_accepted, 40.0, "the survivors to accept the newcomer's packets")
         victim_units = {u: swarm.api(f"/runs/chaos1/leases/{u}") for u in held}
         swarm.wait_steps(live, max(swarm.status(i)["step"] for i in live) + 3, timeout=40.0)
         step, digests = common_digests(swarm, live)
@@ -109,6 +122,10 @@ def test_two_nodes_killed_one_newcomer_the_run_keeps_stepping(tmp_path: Path) ->
     assert step > target and len(digests) == 1, (step, digests)
     newcomer = statuses[new]
     assert newcomer["resyncs"] >= 1 and newcomer["first_step"] >= target - 1
+    for r in newcomer["resync_steps"]:  # after each state it adopted, its warm-up packets were masked
+        for i in survivors:
+            masked = [k for k, v in statuses[i]["accepted"].items() if r <= int(k) < r + 3]
+            assert all(peer[new] not in statuses[i]["accepted"][k] for k in masked), (i, r)
     for i in survivors:
         losses = statuses[i]["losses"]
         assert statistics.mean(losses[-4:]) < statistics.mean(losses[:2]) - 0.5, losses

@@ -17,7 +17,7 @@ failure re-runs the reference decoder, so a rejected payload gets exactly the re
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -205,14 +205,67 @@ def _pos_table(combos: tuple[tuple[int, int], ...]) -> tuple[np.ndarray, dict[tu
     return np.concatenate(tables), where
 
 
+Reorder = Callable[[np.ndarray], np.ndarray]
+
+
+def _one_block(
+    s: Stream, t: _Table, loc: Located, params: dict[int, ClassParams], out: np.ndarray, offsets: np.ndarray
+) -> Reorder | None:
+    """All gap-coded tensors share chunk size, k and rank map and sit side by side: (rows, k) arrays."""
+    j = np.array(loc.entropy, dtype=np.int64)
+    n, k = t.n[j], int(t.k[j[0]])
+    cn, m = int(t.cn[j[0]]), loc.maps[0]
+    p, bmax, rows = params[cn], fixed_width(cn), int(n.sum())
+    w_a, h_a = _class_symbols(s, loc, (cn, 0), (p.b0_a, p.w_a), bmax)
+    w_b, h_b = _class_symbols(s, loc, (cn, 1), (p.b0_b, p.w_b), bmax)
+    width, hi = np.empty((rows, k), dtype=np.int64), np.empty((rows, k), dtype=np.int64)
+    width[:, 0], hi[:, 0] = w_a, h_a
+    if k > 1:
+        width[:, 1:], hi[:, 1:] = w_b.reshape(rows, k - 1), h_b.reshape(rows, k - 1)
+    width, hi = width.reshape(-1), hi.reshape(-1)
+    nk = n * k
+    sym_start = np.cumsum(nk) - nk
+    if not np.array_equal(np.add.reduceat(width, sym_start), np.array(loc.mant_bits, dtype=np.int64)):
+        raise _Bad
+    cs = np.cumsum(width) - width
+    if j.size == 1:
+        mpos = cs + loc.mant_start[0]
+    else:
+        mpos = cs + np.repeat(np.array(loc.mant_start, dtype=np.int64) - cs[sym_start], nk)
+    gaps = (hi + s.gather(mpos, width)).reshape(rows, k)
+    ranks = np.cumsum(gaps + 1, axis=1) - 1
+    if int(ranks[:, -1].max()) >= cn:
+        raise _Bad
+    lo, up = int(offsets[j[0]]), int(offsets[j[-1] + 1])
+    if m == int(RankMap.IDENTITY):
+        out[lo:up] = ranks.reshape(-1)
+        return None
+    order = np.sort(_rank_tables(cn, RankMap(m))[1][ranks] * k + np.arange(k), axis=1)
+    out[lo:up] = (order // k).reshape(-1)
+    wire = order % k
+
+    def reorder(val: np.ndarray) -> np.ndarray:
+        val[lo:up] = np.take_along_axis(val[lo:up].reshape(rows, k), wire, axis=1).reshape(-1)
+        return val
+
+    return reorder
+
+
 def _entropy_indices(
     s: Stream, t: _Table, loc: Located, params: dict[int, ClassParams], out: np.ndarray, offsets: np.ndarray
-) -> np.ndarray | None:
-    """Gap-coded tensors at once; returns the value permutation (or None when nothing moves)."""
+) -> Reorder | None:
+    """Gap-coded tensors at once; returns how to move the values along (None when nothing moves)."""
     j = np.array(loc.entropy, dtype=np.int64)
     if not j.size:
         return None
     n, k, cn = t.n[j], t.k[j], t.cn[j]
+    if (
+        len(set(loc.maps)) == 1
+        and int(k.min()) == int(k.max())
+        and int(cn.min()) == int(cn.max())
+        and int(j[-1] - j[0]) == j.size - 1
+    ):
+        return _one_block(s, t, loc, params, out, offsets)
     nk = n * k
     sym_start = np.cumsum(nk) - nk
     width = np.empty(int(nk.sum()), dtype=np.int64)
@@ -262,7 +315,15 @@ def _entropy_indices(
         shift = np.repeat(offsets[j] - sym_start, nk)
         perm[(cols + shift[cols]).reshape(-1)] = (src + shift[cols]).reshape(-1)
     out[dest] = pos
-    return perm
+    if perm is None:
+        return None
+    moves = perm
+
+    def reorder(val: np.ndarray) -> np.ndarray:
+        out: np.ndarray = val[moves]
+        return out
+
+    return reorder
 
 
 def _scales(s: BitReader, t: _Table, b0: int, w: int) -> np.ndarray:
@@ -364,13 +425,13 @@ def _fast(data: bytes, layouts: Sequence[tuple[int, int]], limits: Limits) -> Fl
     idx = np.empty(int(offsets[-1]), dtype=np.int64)
     _dense_indices(t, idx, offsets)
     _fixed_indices(stream, t, loc, idx, offsets)
-    perm = _entropy_indices(stream, t, loc, params, idx, offsets)
+    reorder = _entropy_indices(stream, t, loc, params, idx, offsets)
     scales = _scales(br, t, scale_b0, scale_w) if scaled else None
     signs = br.flags(int(nk[t.vc == ValueCoding.SIGN1].sum())).astype(bool)
     br.finish()
     val = _values(rest, len(rest) - vbytes, t, offsets, scales, signs)
-    if perm is not None:
-        val = val[perm]
+    if reorder is not None:
+        val = reorder(val)
     return FlatPayload(t.ids, t.n, t.k, t.cn, offsets, idx, val)
 
 

@@ -56,6 +56,7 @@ class Stream:
         self.buf = br.buf
         self._bits: np.ndarray | None = None
         self._zeros: np.ndarray | None = None
+        self._words: np.ndarray | None = None
         self._tables: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._esc: dict[tuple[int, int, int], np.ndarray] = {}
 
@@ -76,16 +77,17 @@ class Stream:
             self._zeros = np.flatnonzero(self.bits[: self.nbits] == 0)
         return self._zeros
 
+    @property
+    def words(self) -> np.ndarray:
+        """Big-endian 32-bit word starting at every byte of the stream."""
+        if self._words is None:
+            b = self.buf[: (self.nbits + 7) // 8 + 4].astype(np.uint32)  # a word at every byte, and one past
+            self._words = (b[:-3] << 24) | (b[1:-2] << 16) | (b[2:-1] << 8) | b[3:]
+        return self._words
+
     def gather(self, start: np.ndarray, w: np.ndarray | int) -> np.ndarray:
         """Fields of widths ``w`` (<= 25) at bit positions ``start`` (the caller checked the end)."""
-        at = start >> 3
-        b = self.buf
-        word = (
-            (b[at].astype(np.int64) << 24)
-            | (b[at + 1].astype(np.int64) << 16)
-            | (b[at + 2].astype(np.int64) << 8)
-            | b[at + 3]
-        )
+        word = self.words[start >> 3].astype(np.int64)
         out: np.ndarray = (word >> (32 - (start & 7) - w)) & ((np.int64(1) << w) - 1)
         return out
 
@@ -123,7 +125,10 @@ class Stream:
     def unary_direct(self, p: int, count: int, max_code: int) -> tuple[np.ndarray, int]:
         """``count`` unary codes from ``p``: (values, end); Short when they do not fit."""
         end = min(self.nbits, p + count * (max_code + 1))
-        z = np.flatnonzero(self.bits[p:end] == 0)
+        size = min(end - p, 4 * count + 256)  # codes are short on average: look a little ahead first
+        z = np.flatnonzero(self.bits[p : p + size] == 0)
+        if z.size < count and size < end - p:
+            z = np.flatnonzero(self.bits[p:end] == 0)
         if z.size < count:
             raise Short
         z = z[:count]

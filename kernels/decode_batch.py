@@ -221,16 +221,23 @@ def decode_flat(
         return _invert(plan, buf)
 
 
-def _part_arrays(lay: ChunkLayout, tid: int, part: Part) -> tuple[np.ndarray, np.ndarray]:
+def _part_numpy(lay: ChunkLayout, tid: int, part: Part) -> tuple[np.ndarray, np.ndarray]:
+    """A part as CPU numpy arrays (idx int64, val float32), shapes and dtypes checked."""
     idx, val = part
-    if idx.dtype != torch.int64 or idx.dim() != 2 or idx.shape[0] != lay.n_chunks:
+    try:
+        i, v = idx.numpy(), val.numpy()
+    except (RuntimeError, TypeError):  # on a device, requiring grad, or bfloat16
+        work_dtype(val.dtype)
+        i, v = idx.detach().cpu().numpy(), val.detach().cpu().to(torch.float32).numpy()
+    if i.dtype != np.int64 or i.ndim != 2 or i.shape[0] != lay.n_chunks or v.shape != i.shape:
         raise KernelError(
-            f"tensor {tid}: idx must be int64 ({lay.n_chunks}, k), got {idx.dtype} {tuple(idx.shape)}"
+            f"tensor {tid}: idx must be int64 ({lay.n_chunks}, k) and val the same shape, "
+            f"got {idx.dtype} {tuple(idx.shape)} and {tuple(val.shape)}"
         )
-    if tuple(val.shape) != tuple(idx.shape):
-        raise KernelError(f"tensor {tid}: val {tuple(val.shape)} must match idx {tuple(idx.shape)}")
-    work_dtype(val.dtype)
-    return idx.detach().cpu().numpy(), val.detach().cpu().float().numpy()
+    if v.dtype != np.float32:
+        work_dtype(val.dtype)
+        v = v.astype(np.float32)
+    return i, v
 
 
 def decode_sum_many(
@@ -253,20 +260,39 @@ def decode_sum_many(
         raise KernelError(f"{len(parts)} part lists for {len(layouts)} layouts")
     plan = plan_batch(tuple(layouts))
     dt, dev = work_dtype(dtype), torch.device(device)
-    pos_all, val_all = [], []
+    idx_all, val_all, base_all, cn_all = [], [], [], []
     for t, tparts in enumerate(parts):
-        if not tparts:
-            continue
         lay = plan.layouts[t]
-        arrays = [_part_arrays(lay, t, p) for p in tparts]
-        idx = arrays[0][0] if len(arrays) == 1 else np.concatenate([a[0] for a in arrays], axis=1)
-        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= lay.chunk_numel):
-            raise KernelError(f"tensor {t}: an index is outside [0, {lay.chunk_numel})")
-        pos_all.append(plan.positions(t, idx).reshape(-1))
-        val_all.append(np.concatenate([a[1] for a in arrays], axis=1).reshape(-1))
+        bases: dict[int, np.ndarray] = {}  # per k: each coefficient's chunk base
+        for part in tparts:
+            idx, val = _part_numpy(lay, t, part)
+            k = idx.shape[1]
+            if k not in bases:
+                bases[k] = np.repeat(plan.chunk_base[t], k)
+            idx_all.append(idx.reshape(-1))
+            val_all.append(val.reshape(-1))
+            base_all.append(bases[k])
+            cn_all.append((lay.chunk_numel, idx.size))
     with torch.no_grad():
         buf = _buffer(plan, dt, dev)
-        if pos_all:
-            pos = torch.from_numpy(np.concatenate(pos_all)).to(dev)
-            buf.index_add_(0, pos, torch.from_numpy(np.concatenate(val_all)).to(device=dev, dtype=dt))
+        if idx_all:
+            idx = np.concatenate(idx_all)
+            cn = np.repeat(*(np.array(c, dtype=np.int64) for c in zip(*cn_all, strict=True)))
+            bad = (idx < 0) | (idx >= cn)
+            if bool(bad.any()):
+                at = int(np.argmax(bad))
+                raise KernelError(f"an index ({int(idx[at])}) is outside [0, {int(cn[at])})")
+            pos = np.concatenate(base_all) + idx
+            for t in range(len(parts)):  # big tensors: spatial order inside a chunk
+                local = plan.local[t]
+                if local is not None and parts[t]:
+                    sel = np.flatnonzero(
+                        (pos >= plan.offset[t]) & (pos < plan.offset[t] + plan.layouts[t].n_coefficients)
+                    )
+                    pos[sel] += local[idx[sel]] - idx[sel]
+            buf.index_add_(
+                0,
+                torch.from_numpy(pos).to(dev),
+                torch.from_numpy(np.concatenate(val_all)).to(device=dev, dtype=dt),
+            )
         return _invert(plan, buf)

@@ -218,11 +218,11 @@ def _one_block(
     p, bmax, rows = params[cn], fixed_width(cn), int(n.sum())
     w_a, h_a = _class_symbols(s, loc, (cn, 0), (p.b0_a, p.w_a), bmax)
     w_b, h_b = _class_symbols(s, loc, (cn, 1), (p.b0_b, p.w_b), bmax)
-    width, hi = np.empty((rows, k), dtype=np.int64), np.empty((rows, k), dtype=np.int64)
-    width[:, 0], hi[:, 0] = w_a, h_a
+    w2, h2 = np.empty((rows, k), dtype=np.int64), np.empty((rows, k), dtype=np.int64)
+    w2[:, 0], h2[:, 0] = w_a, h_a
     if k > 1:
-        width[:, 1:], hi[:, 1:] = w_b.reshape(rows, k - 1), h_b.reshape(rows, k - 1)
-    width, hi = width.reshape(-1), hi.reshape(-1)
+        w2[:, 1:], h2[:, 1:] = w_b.reshape(rows, k - 1), h_b.reshape(rows, k - 1)
+    width, hi = w2.reshape(-1), h2.reshape(-1)
     nk = n * k
     sym_start = np.cumsum(nk) - nk
     if not np.array_equal(np.add.reduceat(width, sym_start), np.array(loc.mant_bits, dtype=np.int64)):

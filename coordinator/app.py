@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import time
@@ -213,9 +214,18 @@ class CoordinatorApp:
         """Open and migrate the store, rebuild memory from it, start the writer and the sweeper."""
         await self.store.open()
         self.svc.restore(await self.store.load())
+        self.freeze_heap()
         self.started_ms = int(self.clock() * 1000)
         self.committer.start()
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="coordinator-sweep")
+
+    @staticmethod
+    def freeze_heap() -> None:
+        """Hide every object alive now from the cyclic GC (``gc.freeze``). Call after loading or
+        creating runs: their shards, manifests and lease books are long-lived, and a full
+        collection that walks a 200,000-shard run stalls the event loop for 50-200 ms (a p99
+        killer). Frozen objects are still freed by reference counting."""
+        gc.freeze()
 
     async def _sweep_loop(self) -> None:
         while True:

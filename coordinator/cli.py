@@ -91,6 +91,7 @@ async def serve(cfg: Any, run_files: Sequence[str]) -> int:
             _, created = app.svc.create_run(spec, shard_root=root)
             await app.committer.durable()
             log.info("run %s %s from %s", spec["id"], "created" if created else "already present", f)
+        app.freeze_heap()
     except Exception:
         await app.close()
         raise

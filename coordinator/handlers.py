@@ -49,6 +49,8 @@ def list_runs(app: CoordinatorApp, ctx: Ctx) -> Result:
 
 def create_run(app: CoordinatorApp, ctx: Ctx) -> Result:
     run, created = app.svc.create_run(ctx.body)
+    if created:
+        app.freeze_heap()
     return (201 if created else 200), app.svc.run_public(run)
 
 

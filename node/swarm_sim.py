@@ -3,7 +3,7 @@
 Used by the tests and by ``distro-node bench converge``. The public entry point::
 
     run_swarm(model_factory, batches_for, cfg, n_peers, steps, faults=None, *,
-              loss_fn=None, seed=0, on_step=None) -> SwarmResult
+              loss_fn=None, seed=0, on_step=None, share_rounds=True) -> SwarmResult
 
 * ``model_factory()`` builds a fresh model; it must give the same initial weights every call
   (e.g. ``lambda: GPT(GPTConfig(), seed=0)``).
@@ -13,8 +13,9 @@ Used by the tests and by ``distro-node bench converge``. The public entry point:
   through ``FaultyLinks``, and peers that die (leave the run) at a given step.
 * ``on_step(step, result)`` is called after every step (e.g. to evaluate mid-run).
 
-Replicas share one ``DecodeCache`` (each frame decoded once per process, not once per replica:
-decoding is a pure function of the bytes). Peer identities come from ``seed``
+Replicas share one ``DecodeCache`` (each frame decoded, and each round's aggregate computed,
+once per process, not once per replica: both are pure functions of the bytes; ``share_decode=False``
+turns the latter off). Peer identities come from ``seed``
 (``Identity.from_seed``), so a run replays exactly.
 Per step, every live peer computes its gradient and publishes, then every live peer collects
 and applies (the collect decides the round: in this single thread, the round's deadline).
@@ -100,8 +101,13 @@ def run_swarm(
     loss_fn: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     seed: int = 0,
     on_step: Callable[[int, SwarmResult], None] | None = None,
+    share_rounds: bool = True,
 ) -> SwarmResult:
     """Train ``n_peers`` replicas for ``steps`` steps over an in-memory exchange (module docstring).
+
+    ``share_rounds=False`` makes every replica aggregate each round and compute its update on its
+    own, as separate processes do (frames are still decoded once): slower, and the strict test of
+    bit-identical replicas.
 
     Raises ``ConfigError`` for ``n_peers < 1``, ``steps < 0`` or a death of an unknown peer.
     """
@@ -114,7 +120,7 @@ def run_swarm(
     hub = MemoryHub(FaultyLinks(faults.plan) if faults.plan else None)
     t0 = time.perf_counter()
     res = SwarmResult([], [], [], [True] * n_peers, [], [], 0.0)
-    cache = DecodeCache(max_entries=4 * n_peers)
+    cache = DecodeCache(max_entries=4 * n_peers, max_rounds=2 if share_rounds else 0)
     for i in range(n_peers):
         ident = Identity.from_seed(hashlib.sha256(f"distronet-sim/{seed}/{i}".encode()).digest())
         ex = FaultyExchange(hub.join(ident.peer_id), die_at_step=faults.deaths.get(i))

@@ -104,7 +104,10 @@ class DecodeCache:
             del self._data[next(iter(self._data))]
 
     def round_tensors(self, round_key: bytes) -> dict[tuple[int, str], torch.Tensor]:
-        """The mutable per-round store for ``round_key`` ((tensor id, what) -> tensor)."""
+        """The mutable per-round store for ``round_key`` ((tensor id, what) -> tensor); a fresh,
+        unshared one when ``max_rounds`` is 0."""
+        if self.max_rounds <= 0:
+            return {}
         store = self._rounds.get(round_key)
         if store is None:
             store = self._rounds[round_key] = {}

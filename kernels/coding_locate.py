@@ -57,6 +57,7 @@ class Stream:
         self._bits: np.ndarray | None = None
         self._zeros: np.ndarray | None = None
         self._words: np.ndarray | None = None
+        self._values: dict[int, np.ndarray] = {}
         self._tables: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._esc: dict[tuple[int, int, int], np.ndarray] = {}
 
@@ -94,22 +95,28 @@ class Stream:
     def fields(self, start: np.ndarray, w: int) -> np.ndarray:
         return self.gather(start, w)
 
+    def _field_values(self, w: int) -> np.ndarray:
+        """The ``w``-bit (<= 4) field starting at every bit position, uint8, padded to a multiple of ``w``."""
+        if w not in self._values:
+            size = -(-self.nbits // w) * w
+            bits = self.bits  # holds >= 8 bits past nbits
+            v = bits[:size] << (w - 1)
+            for i in range(1, w):
+                v |= bits[i : i + size] << (w - 1 - i)
+            self._values[w] = v
+        return self._values[w]
+
     def field_tables(self, b0: int, w: int, bmax: int) -> tuple[np.ndarray, np.ndarray]:
-        """Strided (step ``w``) prefix sums over bit positions of (is escape, mantissa bits)."""
+        """Strided (step ``w``) prefix sums over bit positions of (is escape, mantissa bits), int32."""
         key = (b0, w, bmax)
         if key not in self._tables:
-            bits = self.bits.astype(np.int64)
-            size = -(-self.nbits // w) * w
-            v = np.zeros(size, dtype=np.int64)
-            for i in range(w):
-                seg = bits[i : i + size]
-                v[: seg.size] += seg << (w - 1 - i)
+            v = self._field_values(w)
             lim = (1 << w) - 1
-            esc = (v == lim).astype(np.int64)
-            mant = _mant_table(b0, bmax, lim + 1)[np.minimum(v, lim)] * (1 - esc)
+            table = _mant_table(b0, bmax, lim + 1).astype(np.int32)
+            table[lim] = 0  # an escape's mantissa is counted with the escapes
             self._tables[key] = (
-                esc.reshape(-1, w).cumsum(axis=0).reshape(-1),
-                mant.reshape(-1, w).cumsum(axis=0).reshape(-1),
+                (v == lim).reshape(-1, w).cumsum(axis=0, dtype=np.int32).reshape(-1),
+                np.take(table, v).reshape(-1, w).cumsum(axis=0, dtype=np.int32).reshape(-1),
             )
         return self._tables[key]
 
@@ -239,6 +246,122 @@ def _escapes(
     return int(z[jl]) + 1, int(cm[jl] - cm[j0]) + first
 
 
+def _class_plan(
+    s: Stream, b0: int, w: int, bmax: int
+) -> tuple[int, int, int, object, object, object, np.ndarray]:
+    """(kind, b0, w, escape prefix sums, mantissa prefix sums, escape-mantissa prefix sums, table).
+
+    kind 0: Rice; 1: bucket code with w = 0 (every symbol escapes); 2: bucket code with fields.
+    """
+    mt = _mant_table(b0, bmax, bmax + 2)
+    if w == RICE:
+        return 0, b0, w, None, None, None, mt
+    lim = (1 << w) - 1
+    esc_mant = s.escape_table(b0, lim, bmax) if s.zeros.size else np.zeros(0, dtype=np.int64)
+    if w == 0:
+        return 1, b0, w, None, None, esc_mant, mt
+    ce, cm = s.field_tables(b0, w, bmax)
+    return 2, b0, w, ce, cm, esc_mant, mt
+
+
+def _locate_tables(
+    s: Stream,
+    start: int,
+    n: list[int],
+    k: list[int],
+    cn: list[int],
+    entropy: list[bool],
+    params: dict[int, ClassParams],
+) -> Located:
+    """:func:`locate` by table look-ups: a few integer operations per tensor."""
+    loc = Located()
+    raw, z, nbits = s.raw, s.zeros, s.nbits
+    nz = int(z.size)
+    plans = {}
+    for c, pr in params.items():
+        bmax = fixed_width(c)
+        plans[c] = (
+            _class_plan(s, pr.b0_a, pr.w_a, bmax),
+            _class_plan(s, pr.b0_b, pr.w_b, bmax),
+            loc.runs.setdefault((c, 0), Run()),
+            loc.runs.setdefault((c, 1), Run()),
+            bmax,
+            _side(c) is not None,
+        )
+    p = start
+    for i, (ni, ki, ci, ent) in enumerate(zip(n, k, cn, entropy, strict=True)):
+        if ki == ci:
+            continue
+        if ent:
+            if p + 2 > nbits:
+                raise Short
+            m = 2 * raw[p] + raw[p + 1]
+            p += 2
+            if m != 3:
+                plan_a, plan_b, run_a, run_b, bmax, square = plans[ci]
+                if m and not square:
+                    raise Short  # a 2-D rank map on a 1-D chunk: MALFORMED (the reference says so)
+                member = len(loc.entropy)
+                loc.entropy.append(i)
+                loc.maps.append(m)
+                mant = 0
+                escs = []
+                for (kind, b0, w, ce, cm, _em, _mt), run, count in (
+                    (plan_a, run_a, ni),
+                    (plan_b, run_b, ni * (ki - 1)),
+                ):
+                    run.member.append(member)
+                    run.count.append(count)
+                    run.field_start.append(p)
+                    if kind == 2 and count:
+                        end = p + count * w
+                        if end > nbits:
+                            raise Short
+                        last, before = end - w, p - w
+                        if before >= 0:
+                            escs.append(ce.item(last) - ce.item(before))  # type: ignore[attr-defined]
+                            mant += cm.item(last) - cm.item(before)  # type: ignore[attr-defined]
+                        else:
+                            escs.append(ce.item(last))  # type: ignore[attr-defined]
+                            mant += cm.item(last)  # type: ignore[attr-defined]
+                        p = end
+                    else:
+                        escs.append(count if kind < 2 else 0)
+                        mant += count * b0 if kind == 0 else 0
+                for (kind, _b0, w, _ce, _cm, em, mt), run, n_esc in (
+                    (plan_a, run_a, escs[0]),
+                    (plan_b, run_b, escs[1]),
+                ):
+                    run.esc_start.append(p)
+                    run.esc_n.append(n_esc)
+                    if not n_esc:
+                        run.esc_j0.append(0)
+                        continue
+                    j0 = int(z.searchsorted(p))
+                    jl = j0 + n_esc - 1
+                    if jl >= nz:
+                        raise Short
+                    run.esc_j0.append(j0)
+                    zl = z.item(jl)
+                    if kind:
+                        lim = (1 << w) - 1 if kind == 2 else 0
+                        mant += em.item(jl) - em.item(j0) + mt.item(min(lim + z.item(j0) - p, bmax + 1))  # type: ignore[attr-defined]
+                    p = zl + 1
+                loc.mant_start.append(p)
+                loc.mant_bits.append(mant)
+                p += mant
+                if p > nbits:
+                    raise Short
+                continue
+        loc.fixed.append(i)
+        loc.fixed_start.append(p)
+        p += ni * ki * fixed_width(ci)
+        if p > nbits:
+            raise Short
+    loc.end = p
+    return loc
+
+
 def locate(
     s: Stream,
     start: int,
@@ -249,9 +372,11 @@ def locate(
     params: dict[int, ClassParams],
 ) -> Located:
     """Find every index body from bit ``start`` (tensors in id order); Short if the stream ends."""
+    if s.nbits < TABLE_BITS_PER_TENSOR * max(1, sum(entropy)):
+        return _locate_tables(s, start, n, k, cn, entropy, params)
     loc = Located()
     p = start
-    tables = s.nbits < TABLE_BITS_PER_TENSOR * max(1, sum(entropy))
+    tables = False
     raw = s.raw if any(entropy) else b""
     for i, (ni, ki, ci, ent) in enumerate(zip(n, k, cn, entropy, strict=True)):
         if ki == ci:

@@ -21,6 +21,7 @@ Targets (issue 5): ``fraction_of_compute_rate`` ≥ 0.85, ``join_to_first_accept
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -38,6 +39,7 @@ DEFAULT_MODEL: dict[str, Any] = {"arch": "gpt", "seed": 0, "batch": 8, "seq_len"
 QUICK_MODEL: dict[str, Any] = {
     "arch": "gpt", "depth": 2, "width": 32, "heads": 4, "context": 64, "seed": 1, "batch": 8, "seq_len": 64,
 }  # fmt: skip
+YES_NO = {True: "yes", False: "NO"}
 TARGETS = {"fraction_of_compute_rate": 0.85, "join_to_first_accept_s": 10.0, "max_budget_overshoot": 0.05}
 
 
@@ -69,6 +71,7 @@ def _measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             compute_steps_per_s_before_after=[median(before), median(after)],
             shaped_steps_per_s=median(shaped.rates),
             shaped_steps_per_s_per_node=shaped.rates,
+            resyncs_while_timed=shaped.resyncs,
             fraction_of_compute_rate=median(shaped.rates) / compute_rate,
             max_budget_overshoot=max(shaped.up_ratio + shaped.down_ratio) - 1.0,
             budget_ratio_up=shaped.up_ratio,
@@ -82,7 +85,7 @@ def _measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     if args.skip_join:
         out["join_to_first_accept_s"] = None
     else:
-        (tmp / "join").mkdir()
+        (tmp / "join").mkdir(exist_ok=True)
         joined = join_to_first_accept(
             tmp / "join", model=model, peers=max(1, args.nodes - 1), round_deadline_s=args.join_deadline_s
         )
@@ -103,7 +106,7 @@ def _verdict(key: str, value: Any) -> str:
     return "met" if good else "NOT met"
 
 
-def _list(values: list[float], spec: str) -> str:
+def _list(values: list[Any], spec: str) -> str:
     return ", ".join(_fmt(v, spec) for v in values) or "-"
 
 
@@ -117,6 +120,8 @@ def _table(r: dict[str, Any]) -> str:
          f"{_fmt(shaped, '.3f')} ({_list(r.get('shaped_steps_per_s_per_node', []), '.3f')})"),
         ("fraction_of_compute_rate (>= 0.85)",
          f"{_fmt(frac, '.3f')}  {_verdict('fraction_of_compute_rate', frac)}"),
+        ("resyncs while timed (per node)", _list(r.get("resyncs_while_timed", []), "d")),
+        ("replicas bit-identical at the end", YES_NO.get(r.get("replicas_identical"), "-")),
         ("busiest 10 s window / budget, up", _list(r.get("budget_ratio_up", []), ".3f")),
         ("busiest 10 s window / budget, down", _list(r.get("budget_ratio_down", []), ".3f")),
         ("max_budget_overshoot (<= 0.05)", f"{_fmt(over, '+.3f')}  {_verdict('max_budget_overshoot', over)}"),
@@ -135,11 +140,16 @@ def run(args: argparse.Namespace) -> int:
     if args.quick:
         args.steps, args.warmup = min(args.steps, 6), min(args.warmup, 2)
     load_before, t0 = os.getloadavg()[0], time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="distro-bench-net-") as d:
+    with contextlib.ExitStack() as stack:
+        d = args.work_dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="distro-bench-net-"))
+        Path(d).mkdir(parents=True, exist_ok=True)
         try:
             result = _measure(args, Path(d))
         except (SwarmFailure, NetnsError) as e:
             print(f"distro-node bench network: FAILED: {e}", file=sys.stderr)
+            for log in sorted(Path(d).glob("*/*.log")):
+                tail = log.read_text(errors="replace").splitlines()[-8:]
+                print(f"--- {log.parent.name}/{log.name} (last lines)\n" + "\n".join(tail), file=sys.stderr)
             return int(ExitCode.ERROR)
     result.update(seconds=time.monotonic() - t0, load_before=load_before, load_after=os.getloadavg()[0])
     if args.json:
@@ -187,5 +197,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--join-deadline-s", type=float, default=0.5, help="round deadline of the join run (default 0.5)"
     )
     p.add_argument("--skip-shaped", action="store_true", help="only the join measurement")
+    p.add_argument(
+        "--work-dir", default=None, help="keep logs and status files here (default: a temp dir, removed)"
+    )
     p.add_argument("--skip-join", action="store_true", help="only the shaped-link measurements")
     p.set_defaults(func=run)

@@ -66,9 +66,11 @@ def compute_only(
 
 @dataclasses.dataclass(frozen=True)
 class ShapedResult:
-    """Per node: steps/s, busiest-window bytes / (budget × window) up and down; links as built."""
+    """Per node: steps/s, resyncs while timed (a resync jumps steps), busiest-window bytes /
+    (budget × window) up and down; whether netem delay was applied; replicas identical at the end."""
 
     rates: list[float]
+    resyncs: list[int]
     up_ratio: list[float]
     down_ratio: list[float]
     delay_applied: bool
@@ -126,12 +128,15 @@ def shaped_swarm(
             for _ in range(n):
                 swarm.start_node("--up", up, "--down", down, min_peers=n)
             swarm.wait_steps(list(range(n)), 0, timeout=240.0)
+            before = [int(swarm.status(i).get("resyncs", 0)) for i in range(n)]
             times = _step_times(swarm, n, warmup, warmup + steps, timeout=60.0 + 20.0 * steps)
+            resyncs = [int(swarm.status(i).get("resyncs", 0)) - b for i, b in enumerate(before)]
             _, digests = common_digests(swarm, list(range(n)))
             swarm.stop_all()
         budgets = {"up": parse_rate(up) * 10.0, "down": parse_rate(down) * 10.0}
         return ShapedResult(
             rates=[steps / (b - a) for a, b in times],
+            resyncs=resyncs,
             up_ratio=[sampler.peak(i, "up").nbytes / budgets["up"] for i in range(n)],
             down_ratio=[sampler.peak(i, "down").nbytes / budgets["down"] for i in range(n)],
             delay_applied=net.delay_applied,

@@ -23,7 +23,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from distronet.kernels.coding_bits import BitReader, ByteReader
-from distronet.kernels.coding_bucket import RICE, centre_out, class_values, finish_class, start_class
+from distronet.kernels.coding_bucket import (
+    RICE,
+    buckets_of,
+    centre_out,
+    class_values,
+    finish_class,
+    start_class,
+)
 from distronet.kernels.coding_index import ClassParams, IndexCoding, RankMap, _rank_tables, fixed_width
 from distronet.kernels.coding_locate import Located, Short, Stream, locate
 from distronet.kernels.coding_payload import (
@@ -43,6 +50,8 @@ __all__ = ["FlatPayload", "decode_payload", "decode_payload_flat"]
 
 _BYTES = np.array([0, 4, 2, 2, 1, 0], dtype=np.int64)  # byte-stream bytes per value, by ValueCoding
 _VALUE_BITS = np.array([0, 32, 16, 16, 8, 1], dtype=np.int64)
+_FP32, _FP16, _BF16, _INT8, _SIGN1 = (int(c) for c in ValueCoding)  # plain ints: enum look-ups cost
+_ENTROPY = int(IndexCoding.ENTROPY)
 
 
 class _Bad(Exception):
@@ -143,7 +152,7 @@ def _fixed_indices(s: Stream, t: _Table, loc: Located, out: np.ndarray, offsets:
     if not j.size:
         return
     nk = t.n[j] * t.k[j]
-    w = np.array([fixed_width(c) for c in t.cn[j].tolist()], dtype=np.int64)
+    w = buckets_of(t.cn[j] - 1)  # fixed_width of each
     local = _ranges(np.zeros(j.size, dtype=np.int64), nk)
     pos = np.repeat(np.array(loc.fixed_start, dtype=np.int64), nk) + local * np.repeat(w, nk)
     v = s.gather(pos, np.repeat(w, nk))
@@ -328,7 +337,7 @@ def _entropy_indices(
 
 def _scales(s: BitReader, t: _Table, b0: int, w: int) -> np.ndarray:
     """float32 scale per chunk of every scaled tensor (id order); checks each code's range."""
-    sc = np.flatnonzero((t.vc == ValueCoding.INT8) | (t.vc == ValueCoding.SIGN1))
+    sc = np.flatnonzero((t.vc == _INT8) | (t.vc == _SIGN1))
     n = t.n[sc]
     prefix, widths = finish_class(s, start_class(s, int(n.sum()), b0, w), b0, w, _SCALE_BMAX)
     sym = class_values(prefix, s.varwidth(widths), b0, w)
@@ -336,7 +345,7 @@ def _scales(s: BitReader, t: _Table, b0: int, w: int) -> np.ndarray:
     zz = sym[nonzero] - 1
     c = np.full(sym.size, ZERO_SCALE, dtype=np.int64)
     c[nonzero] = np.cumsum((zz >> 1) ^ -(zz & 1))
-    step = np.where((t.vc[sc] == ValueCoding.SIGN1) & (t.k[sc] < 16), 4, 1)
+    step = np.where((t.vc[sc] == _SIGN1) & (t.k[sc] < 16), 4, 1)
     lo, hi = np.repeat(-(-Q_MIN // step), n), np.repeat(Q_MAX // step, n)
     live = c[nonzero]
     if live.size and bool(((live < lo[nonzero]) | (live > hi[nonzero])).any()):
@@ -354,10 +363,10 @@ def _values(
     out = np.empty(total, dtype=np.float32)
     vbytes = nk * _BYTES[t.vc]
     voff = vstart + np.cumsum(vbytes) - vbytes
-    scaled = (t.vc == ValueCoding.INT8) | (t.vc == ValueCoding.SIGN1)
+    scaled = (t.vc == _INT8) | (t.vc == _SIGN1)
     snk = np.where(scaled, nk, 0)
     soff = np.cumsum(snk) - snk  # offset among scaled coefficients
-    gnk = np.where(t.vc == ValueCoding.SIGN1, nk, 0)
+    gnk = np.where(t.vc == _SIGN1, nk, 0)
     goff = np.cumsum(gnk) - gnk  # offset among sign bits
     scale_coef = None
     if scales is not None:
@@ -370,18 +379,18 @@ def _values(
         cnt = hi_ - lo
         if not cnt:
             continue
-        if vc == ValueCoding.FP32:
+        if vc == _FP32:
             out[lo:hi_] = np.frombuffer(rest, "<f4", cnt, int(voff[a]))
-        elif vc == ValueCoding.FP16:
+        elif vc == _FP16:
             out[lo:hi_] = np.frombuffer(rest, "<f2", cnt, int(voff[a]))
-        elif vc == ValueCoding.BF16:
+        elif vc == _BF16:
             out[lo:hi_] = (np.frombuffer(rest, "<u2", cnt, int(voff[a])).astype(np.uint32) << 16).view(
                 np.float32
             )
         else:
             assert scale_coef is not None
             sc = scale_coef[int(soff[a]) : int(soff[a]) + cnt]
-            if vc == ValueCoding.SIGN1:
+            if vc == _SIGN1:
                 out[lo:hi_] = np.where(signs[int(goff[a]) : int(goff[a]) + cnt], -sc, sc)
             else:
                 ints = np.frombuffer(rest, np.int8, cnt, int(voff[a]))
@@ -410,13 +419,13 @@ def _fast(data: bytes, layouts: Sequence[tuple[int, int]], limits: Limits) -> Fl
     if vbytes > len(rest):
         raise _Bad
     br.limit(len(rest) - vbytes)
-    entropy = (t.ic == IndexCoding.ENTROPY) & (t.k < t.cn)
+    entropy = (t.ic == _ENTROPY) & (t.k < t.cn)
     groups = sorted(set(t.cn[entropy].tolist()))
     params = {
         cn: ClassParams(*_read_params(br, fixed_width(cn)), *_read_params(br, fixed_width(cn)))
         for cn in groups
     }
-    scaled = bool(((t.vc == ValueCoding.INT8) | (t.vc == ValueCoding.SIGN1)).any())
+    scaled = bool(((t.vc == _INT8) | (t.vc == _SIGN1)).any())
     scale_b0, scale_w = _read_params(br, _SCALE_BMAX) if scaled else (0, 0)
     stream = Stream(br)
     loc = locate(stream, br.pos, t.n.tolist(), t.k.tolist(), t.cn.tolist(), entropy.tolist(), params)
@@ -427,7 +436,7 @@ def _fast(data: bytes, layouts: Sequence[tuple[int, int]], limits: Limits) -> Fl
     _fixed_indices(stream, t, loc, idx, offsets)
     reorder = _entropy_indices(stream, t, loc, params, idx, offsets)
     scales = _scales(br, t, scale_b0, scale_w) if scaled else None
-    signs = br.flags(int(nk[t.vc == ValueCoding.SIGN1].sum())).astype(bool)
+    signs = br.flags(int(nk[t.vc == _SIGN1].sum())).astype(bool)
     br.finish()
     val = _values(rest, len(rest) - vbytes, t, offsets, scales, signs)
     if reorder is not None:

@@ -355,7 +355,7 @@ def _locate_tables(
                 continue
         loc.fixed.append(i)
         loc.fixed_start.append(p)
-        p += ni * ki * fixed_width(ci)
+        p += ni * ki * (ci - 1).bit_length()
         if p > nbits:
             raise Short
     loc.end = p
@@ -408,7 +408,7 @@ def locate(
                 continue
         loc.fixed.append(i)
         loc.fixed_start.append(p)
-        p += ni * ki * fixed_width(ci)
+        p += ni * ki * (ci - 1).bit_length()
         if p > s.nbits:
             raise Short
     loc.end = p

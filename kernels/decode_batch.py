@@ -67,6 +67,8 @@ class BatchPlan:
     groups: tuple[_Group, ...]
     chunk_base: tuple[np.ndarray, ...]
     local: tuple[np.ndarray | None, ...]
+    n_chunks: np.ndarray
+    chunk_numel: np.ndarray
 
     def positions(self, tid: int, idx: np.ndarray) -> np.ndarray:
         """Flat buffer positions of tensor ``tid``'s chunk-order ``idx`` (n_chunks, k)."""
@@ -111,7 +113,17 @@ def plan_batch(layouts: tuple[ChunkLayout, ...]) -> BatchPlan:
             b, loc = _spatial_tables(lay)
             offset[t], base[t], local[t] = pos, pos + b, loc
             pos += lay.n_coefficients
-    return BatchPlan(layouts, pos, tuple(offset), big, tuple(groups), tuple(base), tuple(local))
+    return BatchPlan(
+        layouts,
+        pos,
+        tuple(offset),
+        big,
+        tuple(groups),
+        tuple(base),
+        tuple(local),
+        np.array([lay.n_chunks for lay in layouts], dtype=np.int64),
+        np.array([lay.chunk_numel for lay in layouts], dtype=np.int64),
+    )
 
 
 _BASES: OrderedDict[tuple[int, bytes], np.ndarray] = OrderedDict()
@@ -203,13 +215,11 @@ def decode_flat(
     plan = plan_batch(tuple(layouts))
     dt, dev = work_dtype(dtype), torch.device(device)
     for flat in payloads:
-        tids = flat.tensor_ids.tolist()
-        if tids and (
-            tids[-1] >= len(layouts)
-            or any(
-                (plan.layouts[t].n_chunks, plan.layouts[t].chunk_numel) != (n, cn)
-                for t, n, cn in zip(tids, flat.n.tolist(), flat.cn.tolist(), strict=True)
-            )
+        ids = flat.tensor_ids
+        if ids.size and (
+            int(ids[-1]) >= len(layouts)
+            or not np.array_equal(plan.n_chunks[ids], flat.n)
+            or not np.array_equal(plan.chunk_numel[ids], flat.cn)
         ):
             raise KernelError("a payload's tensors do not match the layouts")
     with torch.no_grad():

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LocalSwarm", "SwarmFailure", "common_digests", "main", "write_run"]
+__all__ = ["LocalSwarm", "SwarmFailure", "common_digests", "main", "wait_identical", "write_run"]
 
 TINY_MODEL = {
     "arch": "gpt",
@@ -237,6 +237,21 @@ def common_digests(swarm: LocalSwarm, nodes: list[int]) -> tuple[int, set[str]]:
         return -1, set()
     step = max(common)
     return step, {h[step] for h in held}
+
+
+def wait_identical(swarm: LocalSwarm, nodes: list[int], after: int, timeout: float) -> tuple[int, set[str]]:
+    """Until the newest step all ``nodes`` reported a digest for is past ``after`` and they agree
+    there (a replica that diverged is repaired by its drift check within ``--drift-every``
+    steps). Returns ``common_digests`` as last seen, agreeing or not, once ``timeout`` passes."""
+    end = time.monotonic() + timeout
+    while True:
+        for i in nodes:
+            if swarm.nodes[i].poll() is not None:
+                raise SwarmFailure(f"node {i} exited with {swarm.nodes[i].returncode}")
+        step, digests = common_digests(swarm, nodes)
+        if (step > after and len(digests) == 1) or time.monotonic() > end:
+            return step, digests
+        time.sleep(0.2)
 
 
 def _summary(swarm: LocalSwarm, codes: list[int | None]) -> str:

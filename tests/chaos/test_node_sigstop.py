@@ -12,7 +12,9 @@ Steps (seeded: which node is stopped comes from ``random.Random(SEED)``):
     (``resyncs`` grows; the step it adopted is past the one the others had reached at SIGCONT),
     publishes masked warm-up packets for ``warmup_mask_steps`` steps (the others' accepted sets
     leave it out there), then its packets are accepted by the others again;
- 4. all 4 are bit-identical at a common step after that; SIGTERM stops all with exit 0.
+ 4. all 4 are bit-identical at their newest common step after that (within 60 s: a replica
+    that missed a round's manifest on a loaded machine is repaired by its drift check); SIGTERM
+    stops all with exit 0.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from distronet.node.demo import LocalSwarm, SwarmFailure, common_digests, write_run
+from distronet.node.demo import LocalSwarm, SwarmFailure, wait_identical, write_run
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(300)]
 SEED = 3
@@ -86,8 +88,7 @@ def test_stopped_node_is_left_out_then_resyncs_and_contributes(tmp_path: Path) -
         wait_for(accepted_again, 40.0, f"the others to accept node {x}'s packets again")
         contributed_s = time.monotonic() - resumed
         after = {i: swarm.status(i) for i in others}
-        swarm.wait_steps(everyone, max(s["step"] for s in after.values()) + 3, timeout=40.0)
-        step, digests = common_digests(swarm, everyone)
+        step, digests = wait_identical(swarm, everyone, warm_until, timeout=60.0)
         codes = [swarm.stop(p) for p in swarm.nodes]
         swarm.stop(swarm.coordinator)
 

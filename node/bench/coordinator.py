@@ -353,6 +353,24 @@ def _cpu_seconds(proc: subprocess.Popen[bytes] | None) -> tuple[float, float, fl
     return user, system, mu + ms
 
 
+async def _commit_stats(url: str) -> tuple[float, float, float]:
+    """(group commits, seconds in them, rows) so far, from the coordinator's /metrics."""
+    import aiohttp
+
+    want = {
+        "distro_coordinator_commit_seconds_count": 0,
+        "distro_coordinator_commit_seconds_sum": 1,
+        "distro_coordinator_commit_rows_sum": 2,
+    }
+    out = [0.0, 0.0, 0.0]
+    async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as r:
+        for line in (await r.text()).splitlines():
+            name, _, value = line.partition(" ")
+            if name in want:
+                out[want[name]] = float(value)
+    return out[0], out[1], out[2]
+
+
 def _pct(xs: list[float], q: float) -> float:
     if not xs:
         return float("nan")
@@ -375,6 +393,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 await _load(url, run_id, peers, args, args.warmup)
             verify_us = _verify_us()
             load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+            commits0 = await _commit_stats(url)
             cpu0 = _cpu_seconds(proc)
             own0 = time.process_time()
             t0 = time.perf_counter()
@@ -384,6 +403,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             user, system, main = (b - a for a, b in zip(cpu0, cpu1, strict=True))
             cpu = user + system
             own = time.process_time() - own0
+            commits = [b - a for a, b in zip(commits0, await _commit_stats(url), strict=True)]
         finally:
             if proc is not None:
                 proc.terminate()
@@ -410,6 +430,9 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         "server_main_thread_cpu_share": round(main / cpu, 3) if proc is not None and cpu > 0 else None,
         "generator_cpu_us_per_request": round(own / max(total, 1) * 1e6, 1),
         "ed25519_verify_us": round(verify_us, 1),
+        "commits": int(commits[0]),
+        "commit_ms_mean": round(commits[1] / commits[0] * 1000, 2) if commits[0] else None,
+        "rows_per_commit": round(commits[2] / commits[0], 1) if commits[0] else None,
         "load_average_1m": round(load, 2),
         "peers": len(peers),
         "concurrency": args.concurrency,

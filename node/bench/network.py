@@ -93,6 +93,17 @@ def _measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     return out
 
 
+def _no_nan(value: Any) -> Any:
+    """``value`` with every NaN float replaced by None (JSON has no NaN)."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _no_nan(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_no_nan(v) for v in value]
+    return value
+
+
 def _fmt(value: Any, spec: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
@@ -153,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
             return int(ExitCode.ERROR)
     result.update(seconds=time.monotonic() - t0, load_before=load_before, load_after=os.getloadavg()[0])
     if args.json:
-        print(json.dumps(result, indent=1))
+        print(json.dumps(_no_nan(result), indent=1))
         return int(ExitCode.OK)
     delay = "on" if result.get("delay_applied") else "not available"
     print(

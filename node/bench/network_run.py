@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -77,12 +78,11 @@ class ShapedResult:
     identical: bool
 
 
-def _step_times(
-    swarm: LocalSwarm, n: int, start: int, stop: int, timeout: float
-) -> list[tuple[float, float]]:
-    """Per node, the monotonic times it was first seen at step >= ``start`` and >= ``stop``."""
-    first: list[float | None] = [None] * n
-    last: list[float | None] = [None] * n
+def _step_rates(swarm: LocalSwarm, n: int, start: int, stop: int, timeout: float) -> list[float]:
+    """Per node, steps per second between the first poll that saw it at step >= ``start`` and
+    the first that saw it at >= ``stop`` (nan when both were the same poll: a resync jump)."""
+    first: list[tuple[float, int] | None] = [None] * n
+    last: list[tuple[float, int] | None] = [None] * n
     end = time.monotonic() + timeout
     while any(t is None for t in last):
         now = time.monotonic()
@@ -91,13 +91,17 @@ def _step_times(
         for i in range(n):
             if swarm.nodes[i].poll() is not None:
                 raise SwarmFailure(f"node {i} exited with {swarm.nodes[i].returncode}; see {swarm.folder}")
-            step = swarm.status(i).get("step", -1)
+            step = int(swarm.status(i).get("step", -1))
             if first[i] is None and step >= start:
-                first[i] = now
+                first[i] = (now, step)
             if last[i] is None and step >= stop:
-                last[i] = now
+                last[i] = (now, step)
         time.sleep(POLL_S)
-    return [(a, b) for a, b in zip(first, last, strict=True) if a is not None and b is not None]
+    rates = []
+    for a, b in zip(first, last, strict=True):
+        assert a is not None and b is not None
+        rates.append((b[1] - a[1]) / (b[0] - a[0]) if b[0] > a[0] else float("nan"))
+    return rates
 
 
 def shaped_swarm(
@@ -129,13 +133,13 @@ def shaped_swarm(
                 swarm.start_node("--up", up, "--down", down, min_peers=n)
             swarm.wait_steps(list(range(n)), 0, timeout=240.0)
             before = [int(swarm.status(i).get("resyncs", 0)) for i in range(n)]
-            times = _step_times(swarm, n, warmup, warmup + steps, timeout=60.0 + 20.0 * steps)
+            rates = _step_rates(swarm, n, warmup, warmup + steps, timeout=60.0 + 20.0 * steps)
             resyncs = [int(swarm.status(i).get("resyncs", 0)) - b for i, b in enumerate(before)]
             _, digests = common_digests(swarm, list(range(n)))
             swarm.stop_all()
         budgets = {"up": parse_rate(up) * 10.0, "down": parse_rate(down) * 10.0}
         return ShapedResult(
-            rates=[steps / (b - a) for a, b in times],
+            rates=rates,
             resyncs=resyncs,
             up_ratio=[sampler.peak(i, "up").nbytes / budgets["up"] for i in range(n)],
             down_ratio=[sampler.peak(i, "down").nbytes / budgets["down"] for i in range(n)],
@@ -180,4 +184,6 @@ def join_to_first_accept(
 
 
 def median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
+    """The median of the values that are numbers (nan when none is)."""
+    real = [v for v in values if not math.isnan(v)]
+    return statistics.median(real) if real else float("nan")

@@ -119,3 +119,10 @@ def test_node_to_node_bytes_cross_both_veths_at_the_shaped_rate() -> None:
     assert got / elapsed <= 8e6 / 8 * 1.1  # tbf holds the upload link to 8 mbit
     leftover = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     assert "dnu-br" not in leftover and "dnuh0" not in leftover
+
+
+def test_bench_network_table_and_json_say_what_was_not_measured() -> None:
+    result = {"fraction_of_compute_rate": None, "max_budget_overshoot": -0.1, "join_to_first_accept_s": 12.5}
+    table = network._table({**result, "shaped_steps_per_s_per_node": [1.0, float("nan")]})
+    assert "not measured" in table and "met" in table and "NOT met" in table and "1.000, -" in table
+    assert network._no_nan({"a": [float("nan"), 1.0]}) == {"a": [None, 1.0]}

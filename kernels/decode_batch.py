@@ -147,12 +147,22 @@ def _coefficient_base(plan: BatchPlan, flat: FlatPayload) -> np.ndarray:
 
 
 def _flat_positions(plan: BatchPlan, flat: FlatPayload) -> np.ndarray:
-    pos: np.ndarray = _coefficient_base(plan, flat) + flat.idx
-    for j, t in enumerate(flat.tensor_ids.tolist()):
+    base = _coefficient_base(plan, flat)
+    big = [(j, t) for j, t in enumerate(flat.tensor_ids.tolist()) if plan.local[t] is not None]
+    if not big:
+        out: np.ndarray = base + flat.idx
+        return out
+    pos = np.empty_like(base)
+    edges = flat.offsets.tolist()
+    last = 0
+    for j, t in big:  # big tensors: spatial order inside a chunk
+        a, b = edges[j], edges[j + 1]
+        np.add(base[last:a], flat.idx[last:a], out=pos[last:a])
         local = plan.local[t]
-        if local is not None:  # big tensor: spatial order inside its chunk
-            a, b = int(flat.offsets[j]), int(flat.offsets[j + 1])
-            pos[a:b] += local[flat.idx[a:b]] - flat.idx[a:b]
+        assert local is not None
+        np.add(base[a:b], local[flat.idx[a:b]], out=pos[a:b])
+        last = b
+    np.add(base[last:], flat.idx[last:], out=pos[last:])
     return pos
 
 
@@ -270,7 +280,11 @@ def decode_sum_many(
         raise KernelError(f"{len(parts)} part lists for {len(layouts)} layouts")
     plan = plan_batch(tuple(layouts))
     dt, dev = work_dtype(dtype), torch.device(device)
-    idx_all, val_all, base_all, cn_all = [], [], [], []
+    idx_all: list[np.ndarray] = []
+    val_all: list[np.ndarray] = []
+    base_all: list[np.ndarray] = []
+    cn_all: list[tuple[int, int]] = []
+    big: list[tuple[int, int]] = []
     for t, tparts in enumerate(parts):
         lay = plan.layouts[t]
         bases: dict[int, np.ndarray] = {}  # per k: each coefficient's chunk base
@@ -279,6 +293,8 @@ def decode_sum_many(
             k = idx.shape[1]
             if k not in bases:
                 bases[k] = np.repeat(plan.chunk_base[t], k)
+            if plan.local[t] is not None:
+                big.append((len(idx_all), t))
             idx_all.append(idx.reshape(-1))
             val_all.append(val.reshape(-1))
             base_all.append(bases[k])
@@ -292,17 +308,12 @@ def decode_sum_many(
             if bool(bad.any()):
                 at = int(np.argmax(bad))
                 raise KernelError(f"an index ({int(idx[at])}) is outside [0, {int(cn[at])})")
-            pos = np.concatenate(base_all) + idx
-            for t in range(len(parts)):  # big tensors: spatial order inside a chunk
+            within = list(idx_all)
+            for i, t in big:  # big tensors: spatial order inside a chunk (indices checked above)
                 local = plan.local[t]
-                if local is not None and parts[t]:
-                    sel = np.flatnonzero(
-                        (pos >= plan.offset[t]) & (pos < plan.offset[t] + plan.layouts[t].n_coefficients)
-                    )
-                    pos[sel] += local[idx[sel]] - idx[sel]
-            buf.index_add_(
-                0,
-                torch.from_numpy(pos).to(dev),
-                torch.from_numpy(np.concatenate(val_all)).to(device=dev, dtype=dt),
-            )
+                assert local is not None
+                within[i] = local[idx_all[i]]
+            pos = np.concatenate(base_all) + (idx if not big else np.concatenate(within))
+            vals = torch.from_numpy(np.concatenate(val_all))
+            buf.index_add_(0, torch.from_numpy(pos).to(dev), vals.to(device=dev, dtype=dt))
         return _invert(plan, buf)

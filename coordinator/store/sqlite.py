@@ -8,6 +8,11 @@ Rows go in as multi-row upserts (up to 999 bound values per statement), not ``ex
 the sqlite3 module releases the GIL around every statement step, and each time it wants the GIL
 back it may wait a whole switch interval for the busy event-loop thread; one step per table
 instead of one per row keeps a commit from stretching to tens of milliseconds under load.
+
+Checkpoints (copying the WAL back into the database file, and fsyncing it) run every second on
+a connection and thread of their own (``PASSIVE``: they never block the writer), not inside
+whichever commit crossed SQLite's 1000-page threshold; the writer keeps a 10,000-page
+threshold as a backstop should the checkpointer fall behind.
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +35,8 @@ from distronet.coordinator.store.migrations import MIGRATIONS, VERSION_TABLE
 __all__ = ["SqliteStore"]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+CHECKPOINT_EVERY_S = 1.0
 _MAX_VALUES = 999  # bound values per statement (SQLite's historical SQLITE_MAX_VARIABLE_NUMBER)
 
 
@@ -61,6 +70,39 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
         raise
 
 
+class _Checkpointer:
+    """``PRAGMA wal_checkpoint(PASSIVE)`` every ``interval_s`` from its own connection and thread."""
+
+    def __init__(self, path: str, synchronous: str, interval_s: float) -> None:
+        self.path, self.synchronous, self.interval_s = path, synchronous, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="sqlite-checkpoint", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
+
+    def _loop(self) -> None:
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            conn.execute(f"PRAGMA synchronous={self.synchronous}")
+        except sqlite3.Error as e:  # the writer's backstop threshold still bounds the WAL
+            log.warning("SQLite checkpointer not started: %s", e)
+            return
+        try:
+            while not self._stop.wait(self.interval_s):
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                except sqlite3.Error as e:
+                    log.warning("SQLite checkpoint failed (retried in %.1f s): %s", self.interval_s, e)
+        finally:
+            conn.close()
+
+
 class SqliteStore(Store):
     """SQLite in WAL mode. ``synchronous`` is ``"FULL"`` or ``"NORMAL"``."""
 
@@ -73,12 +115,15 @@ class SqliteStore(Store):
         self.synchronous = synchronous.upper()
         self._conn: sqlite3.Connection | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")
+        self._checkpointer: _Checkpointer | None = None
 
     async def _run(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
     async def open(self) -> None:
         await self._run(self._open)
+        self._checkpointer = _Checkpointer(self.path, self.synchronous, CHECKPOINT_EVERY_S)
+        self._checkpointer.start()
 
     def _open(self) -> None:
         try:
@@ -87,6 +132,7 @@ class SqliteStore(Store):
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={self.synchronous}")
             conn.execute("PRAGMA busy_timeout=5000")
+            conn.execute("PRAGMA wal_autocheckpoint=10000")  # backstop; _Checkpointer does the work
             conn.execute(VERSION_TABLE)
             current = conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations").fetchone()[0]
             for version, statements in MIGRATIONS:
@@ -139,6 +185,9 @@ class SqliteStore(Store):
         )
 
     async def close(self) -> None:
+        if self._checkpointer is not None:
+            checkpointer, self._checkpointer = self._checkpointer, None
+            await asyncio.get_running_loop().run_in_executor(None, checkpointer.stop)
         if self._conn is not None:
             conn, self._conn = self._conn, None
             await self._run(conn.close)

@@ -39,7 +39,7 @@ DEFAULT_MODEL: dict[str, Any] = {"arch": "gpt", "seed": 0, "batch": 8, "seq_len"
 QUICK_MODEL: dict[str, Any] = {
     "arch": "gpt", "depth": 2, "width": 32, "heads": 4, "context": 64, "seed": 1, "batch": 8, "seq_len": 64,
 }  # fmt: skip
-YES_NO = {True: "yes", False: "NO"}
+YES_NO: dict[Any, str] = {True: "yes", False: "NO"}
 TARGETS = {"fraction_of_compute_rate": 0.85, "join_to_first_accept_s": 10.0, "max_budget_overshoot": 0.05}
 
 

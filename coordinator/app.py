@@ -195,6 +195,7 @@ class CoordinatorApp:
         self.peer_limits = RateLimiter(cfg.peer_rate, cfg.peer_burst)
         self.ip_limits = RateLimiter(cfg.ip_rate, cfg.ip_burst)
         self.started_ms = int(clock() * 1000)
+        self.gc_freeze = False  # process-wide: only the process's owner turns it on
         self.closing = False
         self.fatal = asyncio.Event()
         self._sweeper: asyncio.Task[None] | None = None
@@ -219,13 +220,14 @@ class CoordinatorApp:
         self.committer.start()
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="coordinator-sweep")
 
-    @staticmethod
-    def freeze_heap() -> None:
-        """Hide every object alive now from the cyclic GC (``gc.freeze``). Call after loading or
-        creating runs: their shards, manifests and lease books are long-lived, and a full
-        collection that walks a 200,000-shard run stalls the event loop for 50-200 ms (a p99
-        killer). Frozen objects are still freed by reference counting."""
-        gc.freeze()
+    def freeze_heap(self) -> None:
+        """Hide every object alive now from the cyclic GC (``gc.freeze``) when ``gc_freeze`` is
+        set (by `distro-coordinator serve`, which owns its process; off for in-process use).
+        Called after loading or creating runs: their shards, manifests and lease books are
+        long-lived, and a full collection that walks a 200,000-shard run stalls the event loop
+        for 50-200 ms (a p99 killer). Frozen objects are still freed by reference counting."""
+        if self.gc_freeze:
+            gc.freeze()
 
     async def _sweep_loop(self) -> None:
         while True:

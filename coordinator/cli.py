@@ -89,6 +89,7 @@ async def serve(cfg: Any, run_files: Sequence[str]) -> int:
     # answer's latency). 1 ms bounds that wait at a small cost in thread switches.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     app = CoordinatorApp(cfg)
+    app.gc_freeze = True  # this process is the coordinator's own
     await app.start()
     try:
         for f in run_files:

@@ -132,7 +132,9 @@ def test_two_nodes_killed_one_newcomer_the_run_keeps_stepping(tmp_path: Path) ->
 
     # the killed nodes' units: reissued (issued again after their lease expired) and completed
     # by a live node
-    assert len(held) == 2, f"each killed node held one unit: {held}"
+    # each killed node held its one unit (max_leases_per_node = 1) unless the kill fell in the
+    # milliseconds between completing a shard and leasing the next
+    assert 1 <= len(held) <= 2, f"the killed nodes held {held}"
     live_peers = {peer[i] for i in live}
     for u, s in victim_units.items():
         assert s["state"] == "done" and s["completed_by"] in live_peers and s["issues"] >= 2, (u, s)

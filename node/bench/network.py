@@ -65,10 +65,13 @@ def _measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             warmup=args.warmup, steps=args.steps,
         )  # fmt: skip
         after = compute_only(model, optimizer, n=args.nodes, steps=args.steps, warmup=cw)
-        compute_rate = median(before + after)
+        compute_rate = median([r for r, _ in before + after])
         out.update(
             compute_steps_per_s=compute_rate,
-            compute_steps_per_s_before_after=[median(before), median(after)],
+            compute_steps_per_s_before_after=[median([r for r, _ in before]), median([r for r, _ in after])],
+            compute_cpu_s_per_step=median([c for _, c in before + after]),
+            shaped_cpu_s_per_step=median(shaped.cpu_s_per_step),
+            shaped_cpu_s_per_step_per_node=shaped.cpu_s_per_step,
             shaped_steps_per_s=median(shaped.rates),
             shaped_steps_per_s_per_node=shaped.rates,
             resyncs_while_timed=shaped.resyncs,
@@ -131,6 +134,8 @@ def _table(r: dict[str, Any]) -> str:
          f"{_fmt(shaped, '.3f')} ({_list(r.get('shaped_steps_per_s_per_node', []), '.3f')})"),
         ("fraction_of_compute_rate (>= 0.85)",
          f"{_fmt(frac, '.3f')}  {_verdict('fraction_of_compute_rate', frac)}"),
+        ("CPU s per step: compute-only / node + p2pd",
+         f"{_fmt(r.get('compute_cpu_s_per_step'), '.3f')} / {_fmt(r.get('shaped_cpu_s_per_step'), '.3f')}"),
         ("resyncs while timed (per node)", _list(r.get("resyncs_while_timed", []), "d")),
         ("replicas bit-identical at the end", YES_NO.get(r.get("replicas_identical"), "-")),
         ("busiest 10 s window / budget, up", _list(r.get("budget_ratio_up", []), ".3f")),

@@ -4,7 +4,7 @@
 ``DistroOptimizer`` exactly as a node does (same ``[model]`` and ``[optimizer]`` tables, same
 thread count), over an in-memory exchange with this peer alone (so encode, decode and apply
 still run), trains ``warmup + steps`` steps on the built-in corpus and prints one JSON line:
-``{"steps_per_s": ..., "step_s": [...]}`` (the timed steps only).
+``{"steps_per_s": ..., "cpu_s_per_step": ..., "step_s": [...]}`` (the timed steps only).
 """
 
 from __future__ import annotations
@@ -41,13 +41,14 @@ def compute_rate(
     tokens = load_builtin_corpus().train[:200_000]
     order = BatchOrder(tokens, "bench", spec.seed, peer, spec.batch, spec.seq_len)
     trainer = Trainer(net, opt, order.xy, device)
-    times = []
+    times, cpu = [], 0.0
     for step in range(warmup + steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         trainer.step(step)
         if step >= warmup:
             times.append(time.perf_counter() - t0)
-    return {"steps_per_s": len(times) / sum(times), "step_s": times}
+            cpu += time.process_time() - c0
+    return {"steps_per_s": len(times) / sum(times), "cpu_s_per_step": cpu / len(times), "step_s": times}
 
 
 def main(argv: list[str]) -> int:

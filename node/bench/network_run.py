@@ -34,8 +34,9 @@ POLL_S = 0.05
 
 def compute_only(
     model: dict[str, Any], optimizer: dict[str, Any], *, n: int, steps: int, warmup: int
-) -> list[float]:
-    """Each of ``n`` concurrent compute-only processes' steps per second (1 torch thread each).
+) -> list[tuple[float, float]]:
+    """Each of ``n`` concurrent compute-only processes' (steps per second, CPU seconds per step),
+    one torch thread each.
 
     Raises SwarmFailure when a process fails or runs past a generous deadline.
     """
@@ -48,13 +49,14 @@ def compute_only(
         )
         for i in range(n)
     ]
-    rates = []
+    rates: list[tuple[float, float]] = []
     try:
         for p in procs:
             out, err = p.communicate(timeout=600)
             if p.returncode != 0:
                 raise SwarmFailure(f"compute-only worker failed: {err.decode(errors='replace')[-500:]}")
-            rates.append(float(json.loads(out.decode().strip().splitlines()[-1])["steps_per_s"]))
+            doc = json.loads(out.decode().strip().splitlines()[-1])
+            rates.append((float(doc["steps_per_s"]), float(doc["cpu_s_per_step"])))
     except subprocess.TimeoutExpired:
         raise SwarmFailure("compute-only workers did not finish within 600 s") from None
     finally:
@@ -67,10 +69,12 @@ def compute_only(
 
 @dataclasses.dataclass(frozen=True)
 class ShapedResult:
-    """Per node: steps/s, resyncs while timed (a resync jumps steps), busiest-window bytes /
-    (budget × window) up and down; whether netem delay was applied; replicas identical at the end."""
+    """Per node: steps/s, CPU seconds per step (node + p2pd), resyncs while timed (a resync
+    jumps steps), busiest-window bytes / (budget × window) up and down; whether netem delay was
+    applied; whether the replicas were identical at the end."""
 
     rates: list[float]
+    cpu_s_per_step: list[float]
     resyncs: list[int]
     up_ratio: list[float]
     down_ratio: list[float]
@@ -78,11 +82,16 @@ class ShapedResult:
     identical: bool
 
 
-def _step_rates(swarm: LocalSwarm, n: int, start: int, stop: int, timeout: float) -> list[float]:
+def _step_rates(
+    swarm: LocalSwarm, n: int, start: int, stop: int, timeout: float
+) -> tuple[list[float], list[float]]:
     """Per node, steps per second between the first poll that saw it at step >= ``start`` and
-    the first that saw it at >= ``stop`` (nan when both were the same poll: a resync jump)."""
+    the first that saw it at >= ``stop`` (nan when both were the same poll: a resync jump), and
+    CPU seconds per step of the node process and its p2pd over the same steps."""
     first: list[tuple[float, int] | None] = [None] * n
     last: list[tuple[float, int] | None] = [None] * n
+    cpu_first: list[float] = [0.0] * n
+    cpu_last: list[float] = [0.0] * n
     end = time.monotonic() + timeout
     while any(t is None for t in last):
         now = time.monotonic()
@@ -93,15 +102,36 @@ def _step_rates(swarm: LocalSwarm, n: int, start: int, stop: int, timeout: float
                 raise SwarmFailure(f"node {i} exited with {swarm.nodes[i].returncode}; see {swarm.folder}")
             step = int(swarm.status(i).get("step", -1))
             if first[i] is None and step >= start:
-                first[i] = (now, step)
+                first[i], cpu_first[i] = (now, step), _cpu_seconds(swarm.nodes[i].pid)
             if last[i] is None and step >= stop:
-                last[i] = (now, step)
+                last[i], cpu_last[i] = (now, step), _cpu_seconds(swarm.nodes[i].pid)
         time.sleep(POLL_S)
-    rates = []
-    for a, b in zip(first, last, strict=True):
+    rates, cpu = [], []
+    for i, (a, b) in enumerate(zip(first, last, strict=True)):
         assert a is not None and b is not None
-        rates.append((b[1] - a[1]) / (b[0] - a[0]) if b[0] > a[0] else float("nan"))
-    return rates
+        moved = b[1] - a[1]
+        rates.append(moved / (b[0] - a[0]) if b[0] > a[0] else float("nan"))
+        cpu.append((cpu_last[i] - cpu_first[i]) / moved if moved > 0 else float("nan"))
+    return rates, cpu
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` and its children (the node and its p2pd)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return float("nan")
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
 
 
 def shaped_swarm(
@@ -133,13 +163,14 @@ def shaped_swarm(
                 swarm.start_node("--up", up, "--down", down, min_peers=n)
             swarm.wait_steps(list(range(n)), 0, timeout=240.0)
             before = [int(swarm.status(i).get("resyncs", 0)) for i in range(n)]
-            rates = _step_rates(swarm, n, warmup, warmup + steps, timeout=60.0 + 20.0 * steps)
+            rates, cpu = _step_rates(swarm, n, warmup, warmup + steps, timeout=60.0 + 20.0 * steps)
             resyncs = [int(swarm.status(i).get("resyncs", 0)) - b for i, b in enumerate(before)]
             _, digests = common_digests(swarm, list(range(n)))
             swarm.stop_all()
         budgets = {"up": parse_rate(up) * 10.0, "down": parse_rate(down) * 10.0}
         return ShapedResult(
             rates=rates,
+            cpu_s_per_step=cpu,
             resyncs=resyncs,
             up_ratio=[sampler.peak(i, "up").nbytes / budgets["up"] for i in range(n)],
             down_ratio=[sampler.peak(i, "down").nbytes / budgets["down"] for i in range(n)],

@@ -5,9 +5,9 @@ namespace by a veth pair shaped with tbf to 10 mbit up / 50 mbit down (plus nete
 the kernel has netem); node ↔ node traffic crosses the bridge, so every byte a node moves
 crosses its own veth. A real coordinator listens on the bridge; 4 real ``distro-node join``
 processes (a 44k-parameter GPT, ~16 KB packets: a step's payload fits) run one per namespace with
-``--up 512kbit --down 2mbit`` — well under the link rate, so tc does not enforce the budget for
+``--up 1mbit --down 5mbit`` — well under the link rate, so tc does not enforce the budget for
 them. The payload (3 pulls of a ~16 KB packet per step, plus the state download every node
-makes at the start) keeps the upload at about two thirds of the budget or more, so the
+makes at the start) keeps the busiest upload window at 40 % of the budget or more, so the
 figure includes real payload, its TCP/noise/yamux overhead, acknowledgements, gossip, DHT and
 coordinator calls. The kernel has no netem on the machines this was written on: then the
 links have no added delay (printed).
@@ -32,7 +32,7 @@ from distronet.node.demo import common_digests
 pytestmark = [pytest.mark.netns, pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(300)]
 
 WHY_NOT = missing_requirements()
-UP, DOWN = "512kbit", "2mbit"
+UP, DOWN = "1mbit", "5mbit"
 WINDOW_S, TOLERANCE = 10.0, 1.05
 N = 4
 # small enough that the state every node downloads at the start takes a few seconds at the budget
@@ -95,4 +95,4 @@ def test_nodes_on_shaped_links_stay_within_their_budgets(tmp_path: Path) -> None
     assert step >= first + 5 and len(digests) == 1, (step, digests)
     assert all(s["step"] >= first + 10 and s["rounds"] > 0 for s in statuses)
     # the budget was really in use, not idle
-    assert max(sampler.peak(i, "up", WINDOW_S).nbytes for i in range(N)) > 0.5 * budgets["up"] * WINDOW_S
+    assert max(sampler.peak(i, "up", WINDOW_S).nbytes for i in range(N)) > 0.3 * budgets["up"] * WINDOW_S

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from distronet.kernels.dct import dct_basis, dct_chunks, idct_chunks
     from distronet.kernels.decode import decode_sum, scatter_sum
+    from distronet.kernels.decode_batch import decode_flat, decode_sum_many
     from distronet.kernels.layout import ChunkLayout, plan_layout
     from distronet.kernels.topk import dct_topk, topk_chunks
 
@@ -21,7 +22,9 @@ __all__ = [
     "dct_basis",
     "dct_chunks",
     "dct_topk",
+    "decode_flat",
     "decode_sum",
+    "decode_sum_many",
     "idct_chunks",
     "plan_layout",
     "scatter_sum",
@@ -37,6 +40,8 @@ _HOME = {
     "dct_topk": "topk",
     "topk_chunks": "topk",
     "decode_sum": "decode",
+    "decode_sum_many": "decode_batch",
+    "decode_flat": "decode_batch",
     "scatter_sum": "decode",
 }
 

@@ -61,7 +61,8 @@ class DistroConfig:
 
     Overlap (``overlap``): rounds apply one step late; ``overlap_lookahead`` stands in a guess of
     the update in flight, ``overlap_predict`` says which: ``"last"`` (the previous update) or
-    ``"own"`` (the rule applied to this peer's own packet for that step).
+    ``"own"`` (the rule applied to this peer's own packet for that step) or ``"ema"`` (a running
+    mean of the applied updates with factor ``overlap_ema``).
     """
 
     lr: float = 1e-3
@@ -85,6 +86,7 @@ class DistroConfig:
     overlap: bool = False
     overlap_lookahead: bool = True
     overlap_predict: str = "last"
+    overlap_ema: float = 0.9
     ns_steps: int = 5
     beta2: float = 0.99
     adam_eps: float = 1e-8
@@ -104,7 +106,11 @@ class DistroConfig:
         _check(self.dense_max_numel >= 0, "dense_max_numel must be >= 0")
         _check(self.warmup_steps >= 0 and self.total_steps >= 0, "warmup_steps/total_steps must be >= 0")
         _check(self.decay in ("cosine", "linear", "constant"), f"unknown decay {self.decay!r}")
-        _check(self.overlap_predict in ("last", "own"), f"unknown overlap_predict {self.overlap_predict!r}")
+        _check(
+            self.overlap_predict in ("last", "own", "ema"),
+            f"unknown overlap_predict {self.overlap_predict!r}",
+        )
+        _check(0.0 <= self.overlap_ema < 1.0, f"overlap_ema must be in [0, 1), got {self.overlap_ema}")
         _check(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         _check(1 <= self.ns_steps <= 20, f"ns_steps must be in [1, 20], got {self.ns_steps}")
         _check(self.eps > 0 and self.adam_eps > 0, "eps and adam_eps must be > 0")

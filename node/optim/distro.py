@@ -19,7 +19,8 @@ exchange of t runs while t + 1 computes. The replicas keep a bit-identical *cons
 that only ever receives aggregated updates; the model's parameters are θ̄ − lr·U_{t−1}
 (``overlap_lookahead``): the last update stands in for the one still in flight and is replaced
 (corrected) by the real one when it arrives; with ``overlap_predict="own"`` the stand-in is the
-rule applied to this peer's own packet for the step in flight instead. ``flush()`` applies the
+rule applied to this peer's own packet for the step in flight instead, with ``"ema"`` a running
+mean of the applied updates (replicated state). ``flush()`` applies the
 last round and sets θ = θ̄.
 
 Replicas sharing a ``DecodeCache`` (the in-process swarm) also share each round's aggregate and
@@ -238,6 +239,18 @@ class DistroOptimizer(torch.optim.Optimizer):
             u = shared[key] = self._direction(plan, p, d).to(p.dtype)
         return u
 
+    def _ema(self, p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """Overlap lookahead ``"ema"``: the running mean of the applied updates (replicated state,
+        ``u_ema ← β·u_ema + (1 − β)·U``, seeded with the first update), β = ``overlap_ema``."""
+        st = self.state[p]
+        ema = st.get("u_ema")
+        if ema is None:
+            ema = st["u_ema"] = u.detach().clone()
+        else:
+            ema.mul_(self.cfg.overlap_ema).add_(u, alpha=1.0 - self.cfg.overlap_ema)
+        out: torch.Tensor = ema
+        return out
+
     def _predict(self, plan: TensorPlan, p: torch.Tensor, sent: SentTensor) -> torch.Tensor:
         """Overlap lookahead from this peer's own packet for the step in flight: the rule applied
         to what it sent (the Adam rule normalises with the current ``v``, leaving it unchanged)."""
@@ -282,5 +295,10 @@ class DistroOptimizer(torch.optim.Optimizer):
             if cfg.overlap:
                 p.copy_(base)
                 if next_lr:
-                    guess = self._predict(plan, p, own_next.sent[i]) if own_next is not None else u
+                    if own_next is not None:
+                        guess = self._predict(plan, p, own_next.sent[i])
+                    elif cfg.overlap_predict == "ema":
+                        guess = self._ema(p, u)
+                    else:
+                        guess = u
                     p.add_(guess, alpha=-next_lr)

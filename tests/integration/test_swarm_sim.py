@@ -81,7 +81,7 @@ def test_upload_bytes_recorded_and_bad_arguments() -> None:
         run_swarm(_factory, _batches, preset("psyche"), 2, 2, SwarmFaults(deaths={5: 1}), loss_fn=_mse)
 
 
-@pytest.mark.parametrize("predict", ["last", "own"])
+@pytest.mark.parametrize("predict", ["last", "own", "ema"])
 def test_shared_round_cache_changes_no_bit(predict: str) -> None:
     # replicas in one process share each round's aggregate and stateless direction: the result
     # must equal every replica computing its own

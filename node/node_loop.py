@@ -143,13 +143,14 @@ def _account(node: Node, res: StepResult, wall: float, up0: int, down0: int) -> 
     s.bytes_up, s.bytes_down = stats.bytes_up, stats.bytes_down
     s.up_bps, s.down_bps = (stats.bytes_up - up0) / wall, (stats.bytes_down - down0) / wall
     report = node.optimizer.reports[-1] if node.optimizer.reports else None
-    if report is not None and report.step == res.step:
+    due = res.step - 1 if node.optimizer.cfg.overlap else res.step  # overlap applies round t-1 in step t
+    if report is not None and report.step == due:
         s.rounds += 1
         s.own_accepted += int(report.own_accepted)
         m.packets.labels("accepted", "").inc(len(report.accepted))
         for code in report.rejected.values():
             m.packets.labels("rejected", code.name).inc()
-        s.record_round(res.step, [peer_id_to_b58(p) for p in report.accepted])
+        s.record_round(report.step, [peer_id_to_b58(p) for p in report.accepted])
     if node.core is not None:
         s.warmup_heard = node.core.warmup_heard
     if node.client is not None:

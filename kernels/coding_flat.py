@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from distronet.kernels.coding_bits import BitReader, ByteReader
+from distronet.kernels.coding_bits import BitReader
 from distronet.kernels.coding_bucket import (
     RICE,
     buckets_of,
@@ -35,12 +35,10 @@ from distronet.kernels.coding_index import ClassParams, IndexCoding, RankMap, _r
 from distronet.kernels.coding_locate import Located, Short, Stream, locate
 from distronet.kernels.coding_payload import (
     _SCALE_BMAX,
-    PAYLOAD_VERSION,
     DecodedTensor,
-    _check_layouts,
-    _read_classes,
     _read_params,
     decode_payload_reference,
+    read_header,
 )
 from distronet.kernels.coding_values import Q_MAX, Q_MIN, ZERO_SCALE, ValueCoding, scale_from_code
 from distronet.protocol.errors import RejectCode, Rejected
@@ -401,17 +399,13 @@ def _values(
     return out
 
 
-def _fast(data: bytes, layouts: Sequence[tuple[int, int]], limits: Limits) -> FlatPayload:
-    if len(data) > limits.max_payload_bytes:
-        raise _Bad
-    r = ByteReader(bytes(data))
-    if r.u8("version") != PAYLOAD_VERSION:
-        raise _Bad
-    count = r.varint("tensor count")
-    if count > min(limits.max_tensors, len(layouts)):
-        raise _Bad
-    classes = _read_classes(r, limits)
-    rest = r.take(r.remaining, "body")
+def _fast(
+    layouts: Sequence[tuple[int, int]],
+    limits: Limits,
+    count: int,
+    classes: list[tuple[ValueCoding, IndexCoding, int]],
+    rest: bytes,
+) -> FlatPayload:
     br = BitReader(rest, "payload bit stream")
     t = _read_table(br, count, classes, _layout_array(tuple(layouts)), limits)
     nk = t.n * t.k
@@ -476,9 +470,9 @@ def decode_payload_flat(
     out of limits. Cost O(len(data) + sum of n * k) in a fixed number of array passes, plus a
     few integer operations per gap-coded tensor.
     """
-    _check_layouts(layouts, limits)
+    count, classes, rest = read_header(data, layouts, limits)  # the reference's own first checks
     try:
-        return _fast(data, layouts, limits)
+        return _fast(layouts, limits, count, classes, rest)
     except (_Bad, Short, Rejected, IndexError, ValueError, OverflowError):
         pass  # the reference decides, with its exact error
     return _from_reference(decode_payload_reference(data, layouts, limits), layouts)

@@ -263,15 +263,14 @@ def _read_scales(br: BitReader, scaled: Sequence[_Entry], b0: int, w: int) -> li
     return out
 
 
-def decode_payload_reference(
-    data: bytes, layouts: Sequence[tuple[int, int]], limits: Limits = DEFAULT_LIMITS
-) -> list[DecodedTensor]:
-    """Decode a payload against ``layouts[tensor_id] = (n_chunks, chunk_numel)``.
+def read_header(
+    data: bytes, layouts: Sequence[tuple[int, int]], limits: Limits
+) -> tuple[int, list[tuple[ValueCoding, IndexCoding, int]], bytes]:
+    """Checks up to the class table: (tensor count, classes, the bytes after the table).
 
-    Returns the tensors in ascending id order. Raises Rejected with TOO_LARGE, TRUNCATED,
-    MALFORMED, UNSUPPORTED_VERSION, LIMIT_EXCEEDED, LAYOUT_MISMATCH, INDEX_OUT_OF_RANGE,
-    DUPLICATE_INDEX or NON_FINITE_VALUE; KernelError if ``layouts`` itself is out of limits.
-    Cost O(len(data) + sum of n_chunks * k).
+    Shared by every decoder, so their first rejections are the same. Raises KernelError for
+    out-of-limit ``layouts``; Rejected (TOO_LARGE, UNSUPPORTED_VERSION, LIMIT_EXCEEDED,
+    MALFORMED, TRUNCATED).
     """
     _check_layouts(layouts, limits)
     if len(data) > limits.max_payload_bytes:
@@ -284,7 +283,20 @@ def decode_payload_reference(
     if count > min(limits.max_tensors, len(layouts)):
         raise Rejected(RejectCode.LIMIT_EXCEEDED, f"{count} tensors, layout has {len(layouts)}")
     classes = _read_classes(r, limits)
-    rest = r.take(r.remaining, "body")
+    return count, classes, r.take(r.remaining, "body")
+
+
+def decode_payload_reference(
+    data: bytes, layouts: Sequence[tuple[int, int]], limits: Limits = DEFAULT_LIMITS
+) -> list[DecodedTensor]:
+    """Decode a payload against ``layouts[tensor_id] = (n_chunks, chunk_numel)``.
+
+    Returns the tensors in ascending id order. Raises Rejected with TOO_LARGE, TRUNCATED,
+    MALFORMED, UNSUPPORTED_VERSION, LIMIT_EXCEEDED, LAYOUT_MISMATCH, INDEX_OUT_OF_RANGE,
+    DUPLICATE_INDEX or NON_FINITE_VALUE; KernelError if ``layouts`` itself is out of limits.
+    Cost O(len(data) + sum of n_chunks * k).
+    """
+    count, classes, rest = read_header(data, layouts, limits)
     br = BitReader(rest, "payload bit stream")
     entries = _read_table(br, count, classes, layouts, limits)
     vbytes = sum(value_section_len(e.vc, e.n * e.k) for e in entries)

@@ -50,7 +50,7 @@ from distronet.node.status import NodeStatus, StatusFile
 from distronet.node.swarm.errors import SwarmError
 from distronet.node.swarm.exchange import AsyncSwarmExchange, SwarmExchange, manifest_topic
 from distronet.node.swarm.stack import Swarm
-from distronet.node.swarm.statesync import StateDonor, fetch_state
+from distronet.node.swarm.statesync import NoNewerState, StateDonor, fetch_state
 from distronet.node.sync import load_state_blob, state_blob
 from distronet.node.trainer import ModelSpec, Trainer, pick_device
 from distronet.protocol.errors import ConfigError, DistroError
@@ -342,8 +342,15 @@ class Node:
             return False
         try:
             manifest, blob = await fetch_state(
-                self.swarm, donors, timeout=timeout, per_donor=2, progress=_DownloadProgress("state")
+                self.swarm,
+                donors,
+                timeout=timeout,
+                per_donor=2,
+                progress=_DownloadProgress("state"),
+                newer_than=newer_than,
             )
+        except NoNewerState:
+            return False
         except (SwarmError, asyncio.TimeoutError) as e:
             log.info("no state to catch up from: %s", e)
             self.catch_up_failed = True

@@ -41,6 +41,7 @@ from distronet.protocol.identity import Identity, peer_id_to_b58, verify
 __all__ = [
     "STATE_MANIFEST_PROTOCOL",
     "STATE_PULL_PROTOCOL",
+    "NoNewerState",
     "StateDonor",
     "StateManifest",
     "ask_manifest",
@@ -54,6 +55,10 @@ _DOMAIN = b"distronet/state/v1\x00"
 MAX_MANIFEST_BYTES = 4 * 2**20
 MAX_CHUNKS = 100_000
 Progress = Callable[[int, int], None]
+
+
+class NoNewerState(PullError):
+    """The donors offer states, but none newer than the step the caller already holds."""
 
 
 @dataclass(frozen=True)
@@ -201,10 +206,14 @@ async def fetch_state(
     cache_dir: str | os.PathLike[str] | None = None,
     max_size: int = 16 * 2**30,
     progress: Progress | None = None,
+    newer_than: int | None = None,
 ) -> tuple[StateManifest, bytes]:
     """Fetch the newest state the ``donors`` agree on; returns its manifest and the blob.
 
-    Raises: PullError (no donor offers a state, or a chunk no donor could deliver),
+    With ``newer_than``, only the manifests are asked for when no donor offers a step above it
+    (``NoNewerState``): nothing is downloaded for a state the caller would not adopt.
+
+    Raises: NoNewerState, PullError (no donor offers a state, or a chunk no donor could deliver),
     PullTimeout (``timeout`` passed; verified chunks stay in ``cache_dir`` for a resume).
     """
     deadline = time.monotonic() + timeout
@@ -213,6 +222,10 @@ async def fetch_state(
     if not offers:
         raise PullError(f"none of {len(donors)} donor(s) offered a state")
     newest = max(m.step for m in offers)
+    if newer_than is not None and newest <= newer_than:
+        raise NoNewerState(
+            f"the newest state {len(offers)} donor(s) offer is at step {newest} <= {newer_than}"
+        )
     root = Counter(m.root for m in offers if m.step == newest).most_common(1)[0][0]
     manifest = next(m for m in offers if m.root == root)
     sources = [PeerID(m.peer_id) for m in offers if m.root == root and m.chunks == manifest.chunks]

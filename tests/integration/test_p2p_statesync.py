@@ -15,7 +15,7 @@ from distronet.node.swarm.errors import PullError
 from distronet.node.swarm.membership import MembershipConfig
 from distronet.node.swarm.p2p import SwarmConfig
 from distronet.node.swarm.stack import Swarm
-from distronet.node.swarm.statesync import StateDonor, describe, fetch_state
+from distronet.node.swarm.statesync import NoNewerState, StateDonor, describe, fetch_state
 from distronet.protocol.identity import Identity
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]
@@ -99,3 +99,17 @@ async def test_no_donor_is_a_typed_error(cluster: tuple[list[Swarm], list[StateD
     with pytest.raises(PullError, match="offered a state"):
         await fetch_state(a, [c.host.peer_id], timeout=5.0)  # c serves no manifests
     assert time.monotonic() - start < 6.0
+
+
+async def test_nothing_newer_is_decided_from_the_manifests_alone(
+    cluster: tuple[list[Swarm], list[StateDonor]],
+) -> None:
+    (a, b, c), (da, db) = cluster
+    da.offer(11, BLOB, chunk_bytes=CHUNK)
+    db.offer(11, BLOB, chunk_bytes=CHUNK)
+    served = da.puller.served, db.puller.served
+    with pytest.raises(NoNewerState, match="step 11 <= 11"):
+        await fetch_state(c, [a.host.peer_id, b.host.peer_id], timeout=30.0, newer_than=11)
+    assert (da.puller.served, db.puller.served) == served  # not one chunk downloaded
+    manifest, _ = await fetch_state(c, [a.host.peer_id, b.host.peer_id], timeout=30.0, newer_than=10)
+    assert manifest.step == 11

@@ -281,6 +281,7 @@ def main(steps: int = 30, n_nodes: int = 3) -> int:
         try:
             with LocalSwarm(tmp, run, "demo", log=False) as swarm:
                 print(f"coordinator at {swarm.start_coordinator()}")
+                print(f"dashboard at {swarm.url}/dashboard/?run=demo  (live while the demo runs)")
                 for _ in range(n_nodes):
                     swarm.start_node("--max-steps", str(steps + 1000), min_peers=n_nodes, status="line")
                 last = -1

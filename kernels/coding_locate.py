@@ -7,10 +7,10 @@ tensor's fields, escapes and mantissas in whole-array passes (:mod:`coding_flat`
 
 Two ways to measure a body, same results:
 
-* **tables** (small streams with many tensors): once per stream, every bit position's field
-  value for each ``(b0, w)`` in use, strided prefix sums of "is an escape" and "mantissa bits",
-  and the positions of all zero bits with prefix sums of the escape mantissas they end; a tensor
-  then costs a handful of table look-ups and one binary search per escape run;
+* **integers** (small streams with many tensors): a run's fields are read as one Python
+  integer; its escapes and its mantissa bits are a few ANDs and popcounts (one per subset of a
+  field's bits, :func:`_field_sums`); the escapes end where the stream's zero-bit positions
+  say (one binary search per escape run). No table over the whole stream is built;
 * **direct** (big streams, few tensors): read the tensor's fields and escapes as arrays.
 
 Nothing here trusts the stream: a position past the end raises ``_Short``; values are checked
@@ -31,7 +31,7 @@ from distronet.kernels.coding_index import ClassParams, _side, fixed_width
 __all__ = ["Located", "Run", "Short", "Stream", "locate"]
 
 TABLE_BITS_PER_TENSOR = 2048
-"""Tables are built when the stream has fewer than this many bits per gap-coded tensor."""
+"""The integer locator runs when the stream has fewer than this many bits per gap-coded tensor."""
 
 
 class Short(Exception):
@@ -57,9 +57,6 @@ class Stream:
         self._bits: np.ndarray | None = None
         self._zeros: np.ndarray | None = None
         self._words: np.ndarray | None = None
-        self._values: dict[int, np.ndarray] = {}
-        self._tables: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
-        self._esc: dict[tuple[int, int, int], np.ndarray] = {}
 
     @property
     def bits(self) -> np.ndarray:
@@ -94,40 +91,6 @@ class Stream:
 
     def fields(self, start: np.ndarray, w: int) -> np.ndarray:
         return self.gather(start, w)
-
-    def _field_values(self, w: int) -> np.ndarray:
-        """The ``w``-bit (<= 4) field starting at every bit position, uint8, padded to a multiple of ``w``."""
-        if w not in self._values:
-            size = -(-self.nbits // w) * w
-            bits = self.bits  # holds >= 8 bits past nbits
-            v = bits[:size] << (w - 1)
-            for i in range(1, w):
-                v |= bits[i : i + size] << (w - 1 - i)
-            self._values[w] = v
-        return self._values[w]
-
-    def field_tables(self, b0: int, w: int, bmax: int) -> tuple[np.ndarray, np.ndarray]:
-        """Strided (step ``w``) prefix sums over bit positions of (is escape, mantissa bits), int32."""
-        key = (b0, w, bmax)
-        if key not in self._tables:
-            v = self._field_values(w)
-            lim = (1 << w) - 1
-            table = _mant_table(b0, bmax, lim + 1).astype(np.int32)
-            table[lim] = 0  # an escape's mantissa is counted with the escapes
-            self._tables[key] = (
-                (v == lim).reshape(-1, w).cumsum(axis=0, dtype=np.int32).reshape(-1),
-                np.take(table, v).reshape(-1, w).cumsum(axis=0, dtype=np.int32).reshape(-1),
-            )
-        return self._tables[key]
-
-    def escape_table(self, b0: int, lim: int, bmax: int) -> np.ndarray:
-        """Prefix sums over zero bits of the mantissa bits of the escape that would end there."""
-        key = (b0, lim, bmax)
-        if key not in self._esc:
-            z = self.zeros
-            u = np.diff(z, prepend=-1) - 1
-            self._esc[key] = np.cumsum(_mant_table(b0, bmax, bmax + 2)[np.minimum(lim + u, bmax + 1)])
-        return self._esc[key]
 
     def unary_direct(self, p: int, count: int, max_code: int) -> tuple[np.ndarray, int]:
         """``count`` unary codes from ``p``: (values, end); Short when they do not fit."""
@@ -188,7 +151,7 @@ class Located:
 
 
 def _run(
-    s: Stream, p: int, count: int, b0: int, w: int, bmax: int, tables: bool, run: Run, member: int
+    s: Stream, p: int, count: int, b0: int, w: int, bmax: int, run: Run, member: int
 ) -> tuple[int, int, int]:
     """Fields of one run at ``p``: (position after them, escapes, mantissa bits of non-escapes)."""
     run.member.append(member)
@@ -201,70 +164,83 @@ def _run(
     end = p + count * w
     if end > s.nbits:
         raise Short
-    if tables:
-        esc, mant = s.field_tables(b0, w, bmax)
-        last, before = end - w, p - w
-        if before >= 0:
-            return end, int(esc[last] - esc[before]), int(mant[last] - mant[before])
-        return end, int(esc[last]), int(mant[last])
     f = s.fields(p + w * np.arange(count, dtype=np.int64), w)
     lim = (1 << w) - 1
     mant = _mant_table(b0, bmax, lim + 1)[f] * (f != lim)
     return end, int((f == lim).sum()), int(mant.sum())
 
 
-def _escapes(
-    s: Stream, p: int, n_esc: int, b0: int, w: int, bmax: int, tables: bool, run: Run
-) -> tuple[int, int]:
+def _escapes(s: Stream, p: int, n_esc: int, b0: int, w: int, bmax: int, run: Run) -> tuple[int, int]:
     """The run's escapes at ``p``: (position after them, their mantissa bits)."""
     run.esc_start.append(p)
     run.esc_n.append(n_esc)
+    run.esc_j0.append(0)
     if not n_esc:
-        run.esc_j0.append(0)
-        if not tables:
-            run.values.append(np.zeros(0, dtype=np.int64))
+        run.values.append(np.zeros(0, dtype=np.int64))
         return p, 0
     rice = w == RICE
     lim = 0 if rice else (1 << w) - 1
-    if not tables:
-        run.esc_j0.append(0)
-        max_code = ((1 << bmax) - 1) >> b0 if rice else max(bmax - lim, 0)
-        u, end = s.unary_direct(p, n_esc, max_code)
-        run.values.append(u)
-        mant = 0 if rice else int(_mant_table(b0, bmax, bmax + 2)[np.minimum(lim + u, bmax + 1)].sum())
-        return end, mant
-    z = s.zeros
-    j0 = int(z.searchsorted(p))
-    jl = j0 + n_esc - 1
-    if jl >= z.size:
-        raise Short
-    run.esc_j0.append(j0)
-    if rice:
-        return int(z[jl]) + 1, 0
-    cm = s.escape_table(b0, lim, bmax)
-    first = int(_mant_table(b0, bmax, bmax + 2)[min(lim + int(z[j0]) - p, bmax + 1)])
-    return int(z[jl]) + 1, int(cm[jl] - cm[j0]) + first
+    max_code = ((1 << bmax) - 1) >> b0 if rice else max(bmax - lim, 0)
+    u, end = s.unary_direct(p, n_esc, max_code)
+    run.values.append(u)
+    mant = 0 if rice else int(_mant_table(b0, bmax, bmax + 2)[np.minimum(lim + u, bmax + 1)].sum())
+    return end, mant
 
 
-def _class_plan(
-    s: Stream, b0: int, w: int, bmax: int
-) -> tuple[int, int, int, object, object, object, np.ndarray]:
-    """(kind, b0, w, escape prefix sums, mantissa prefix sums, escape-mantissa prefix sums, table).
+@functools.lru_cache(maxsize=256)
+def _field_coefs(b0: int, w: int, bmax: int) -> tuple[int, ...]:
+    """Möbius coefficients ``c[S]`` of the non-escape mantissa bits ``f(v)`` of a ``w``-bit field.
 
-    kind 0: Rice; 1: bucket code with w = 0 (every symbol escapes); 2: bucket code with fields.
+    ``f(v) = sum(c[S] for S a subset of the bits of v)``, so the mantissa bits of a run of fields
+    are ``sum(c[S] * (fields whose bits include S))``: one AND and one popcount per subset.
     """
-    mt = _mant_table(b0, bmax, bmax + 2)
-    if w == RICE:
-        return 0, b0, w, None, None, None, mt
     lim = (1 << w) - 1
-    esc_mant = s.escape_table(b0, lim, bmax) if s.zeros.size else np.zeros(0, dtype=np.int64)
-    if w == 0:
-        return 1, b0, w, None, None, esc_mant, mt
-    ce, cm = s.field_tables(b0, w, bmax)
-    return 2, b0, w, ce, cm, esc_mant, mt
+    mt = _mant_table(b0, bmax, lim + 1)
+    c = [int(mt[v]) if v < lim else 0 for v in range(lim + 1)]
+    for j in range(w):
+        for s in range(lim + 1):
+            if s >> j & 1:
+                c[s] -= c[s ^ (1 << j)]
+    return tuple(c)
 
 
-def _locate_tables(
+@functools.lru_cache(maxsize=1024)
+def _comb(count: int, w: int) -> int:
+    """The integer with bit ``w * i`` set for every ``i < count`` (each field's lowest bit)."""
+    return ((1 << (count * w)) - 1) // ((1 << w) - 1)
+
+
+def _field_sums(x: int, count: int, w: int, coefs: tuple[int, ...]) -> tuple[int, int]:
+    """(escapes, mantissa bits of the others) of ``count`` ``w``-bit fields packed MSB-first in ``x``."""
+    comb = _comb(count, w)
+    planes = [(x >> j) & comb for j in range(w)]
+    ands = [comb] * (1 << w)
+    mant = coefs[0] * count
+    for s in range(1, 1 << w):
+        low = s & -s
+        a = ands[s ^ low] & planes[low.bit_length() - 1]
+        ands[s] = a
+        if coefs[s]:
+            mant += coefs[s] * a.bit_count()
+    return ands[-1].bit_count(), mant
+
+
+def _escape_mant(z: np.ndarray, j0: int, n_esc: int, p: int, lim: int, mt: np.ndarray, bmax: int) -> int:
+    """Mantissa bits of the escapes ending at zero bits ``z[j0 : j0 + n_esc]`` (first one starts at ``p``)."""
+    if n_esc <= 256:
+        ends = z[j0 : j0 + n_esc].tolist()
+        total, prev = 0, p - 1
+        table, top = mt.tolist(), bmax + 1
+        for e in ends:
+            u = lim + e - prev - 1
+            total += table[u if u < top else top]
+            prev = e
+        return total
+    u = np.diff(z[j0 : j0 + n_esc], prepend=p - 1) - 1
+    return int(mt[np.minimum(lim + u, bmax + 1)].sum())
+
+
+def _locate_ints(
     s: Stream,
     start: int,
     n: list[int],
@@ -273,16 +249,29 @@ def _locate_tables(
     entropy: list[bool],
     params: dict[int, ClassParams],
 ) -> Located:
-    """:func:`locate` by table look-ups: a few integer operations per tensor."""
+    """:func:`locate` with Python integers: per tensor, a few ANDs and popcounts over its fields.
+
+    A run's fields are read as one integer; escapes and mantissa bits come from per-subset
+    popcounts (:func:`_field_sums`), the escapes' ends from the stream's zero-bit positions.
+    No table over the whole stream is built, so a payload costs O(its bits / 30) word operations
+    plus a few dozen integer operations per gap-coded tensor.
+    """
     loc = Located()
     raw, z, nbits = s.raw, s.zeros, s.nbits
+    data = s.buf.tobytes()
     nz = int(z.size)
     plans = {}
     for c, pr in params.items():
         bmax = fixed_width(c)
+        cls = []
+        for b0, w in ((pr.b0_a, pr.w_a), (pr.b0_b, pr.w_b)):
+            kind = 0 if w == RICE else (1 if w == 0 else 2)
+            coefs = _field_coefs(b0, w, bmax) if kind == 2 else ()
+            lim = (1 << w) - 1 if kind == 2 else 0
+            cls.append((kind, b0, w, lim, coefs, _mant_table(b0, bmax, bmax + 2)))
         plans[c] = (
-            _class_plan(s, pr.b0_a, pr.w_a, bmax),
-            _class_plan(s, pr.b0_b, pr.w_b, bmax),
+            cls[0],
+            cls[1],
             loc.runs.setdefault((c, 0), Run()),
             loc.runs.setdefault((c, 1), Run()),
             bmax,
@@ -306,7 +295,7 @@ def _locate_tables(
                 loc.maps.append(m)
                 mant = 0
                 escs = []
-                for (kind, b0, w, ce, cm, _em, _mt), run, count in (
+                for (kind, b0, w, _lim, coefs, _mt), run, count in (
                     (plan_a, run_a, ni),
                     (plan_b, run_b, ni * (ki - 1)),
                 ):
@@ -317,18 +306,16 @@ def _locate_tables(
                         end = p + count * w
                         if end > nbits:
                             raise Short
-                        last, before = end - w, p - w
-                        if before >= 0:
-                            escs.append(ce.item(last) - ce.item(before))  # type: ignore[attr-defined]
-                            mant += cm.item(last) - cm.item(before)  # type: ignore[attr-defined]
-                        else:
-                            escs.append(ce.item(last))  # type: ignore[attr-defined]
-                            mant += cm.item(last)  # type: ignore[attr-defined]
+                        a, b = p >> 3, (end + 7) >> 3
+                        x = (int.from_bytes(data[a:b], "big") >> (8 * b - end)) & ((1 << (end - p)) - 1)
+                        e, mb = _field_sums(x, count, w, coefs)
+                        escs.append(e)
+                        mant += mb
                         p = end
                     else:
                         escs.append(count if kind < 2 else 0)
                         mant += count * b0 if kind == 0 else 0
-                for (kind, _b0, w, _ce, _cm, em, mt), run, n_esc in (
+                for (kind, _b0, _w, lim, _coefs, mt), run, n_esc in (
                     (plan_a, run_a, escs[0]),
                     (plan_b, run_b, escs[1]),
                 ):
@@ -342,11 +329,9 @@ def _locate_tables(
                     if jl >= nz:
                         raise Short
                     run.esc_j0.append(j0)
-                    zl = z.item(jl)
                     if kind:
-                        lim = (1 << w) - 1 if kind == 2 else 0
-                        mant += em.item(jl) - em.item(j0) + mt.item(min(lim + z.item(j0) - p, bmax + 1))  # type: ignore[attr-defined]
-                    p = zl + 1
+                        mant += _escape_mant(z, j0, n_esc, p, lim, mt, bmax)
+                    p = z.item(jl) + 1
                 loc.mant_start.append(p)
                 loc.mant_bits.append(mant)
                 p += mant
@@ -373,10 +358,9 @@ def locate(
 ) -> Located:
     """Find every index body from bit ``start`` (tensors in id order); Short if the stream ends."""
     if s.nbits < TABLE_BITS_PER_TENSOR * max(1, sum(entropy)):
-        return _locate_tables(s, start, n, k, cn, entropy, params)
+        return _locate_ints(s, start, n, k, cn, entropy, params)
     loc = Located()
     p = start
-    tables = False
     raw = s.raw if any(entropy) else b""
     for i, (ni, ki, ci, ent) in enumerate(zip(n, k, cn, entropy, strict=True)):
         if ki == ci:
@@ -395,10 +379,10 @@ def locate(
                 loc.maps.append(m)
                 ra = loc.runs.setdefault((ci, 0), Run())
                 rb = loc.runs.setdefault((ci, 1), Run())
-                p, ea, ma = _run(s, p, ni, pr.b0_a, pr.w_a, bmax, tables, ra, member)
-                p, eb, mb = _run(s, p, ni * (ki - 1), pr.b0_b, pr.w_b, bmax, tables, rb, member)
-                p, xa = _escapes(s, p, ea, pr.b0_a, pr.w_a, bmax, tables, ra)
-                p, xb = _escapes(s, p, eb, pr.b0_b, pr.w_b, bmax, tables, rb)
+                p, ea, ma = _run(s, p, ni, pr.b0_a, pr.w_a, bmax, ra, member)
+                p, eb, mb = _run(s, p, ni * (ki - 1), pr.b0_b, pr.w_b, bmax, rb, member)
+                p, xa = _escapes(s, p, ea, pr.b0_a, pr.w_a, bmax, ra)
+                p, xb = _escapes(s, p, eb, pr.b0_b, pr.w_b, bmax, rb)
                 mant = ma + mb + xa + xb
                 loc.mant_start.append(p)
                 loc.mant_bits.append(mant)

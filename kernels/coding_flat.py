@@ -27,6 +27,7 @@ from distronet.kernels.coding_bucket import (
     RICE,
     buckets_of,
     centre_out,
+    check_params,
     class_values,
     finish_class,
     start_class,
@@ -36,7 +37,6 @@ from distronet.kernels.coding_locate import Located, Short, Stream, locate
 from distronet.kernels.coding_payload import (
     _SCALE_BMAX,
     DecodedTensor,
-    _read_params,
     decode_payload_reference,
     read_header,
 )
@@ -171,12 +171,19 @@ def _dense_indices(t: _Table, out: np.ndarray, offsets: np.ndarray) -> None:
 
 
 def _class_symbols(
-    s: Stream, loc: Located, key: tuple[int, int], params: tuple[int, int], bmax: int
+    s: Stream,
+    loc: Located,
+    key: tuple[int, int],
+    params: tuple[int, int],
+    bmax: int,
+    local: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(mantissa widths, value without mantissa) of one (chunk size, class) run of every tensor."""
+    """(mantissa widths, value without mantissa) of one (chunk size, class) run of every tensor.
+
+    ``local``: each symbol's place within its tensor's run (computed when not given).
+    """
     b0, w = params
     runs = loc.runs[key]
-    count = np.array(runs.count, dtype=np.int64)
     esc = s.escapes(runs)  # unary values, every tensor's run concatenated
     if w == RICE:
         if esc.size and int(esc.max()) > ((1 << bmax) - 1) >> b0:
@@ -186,7 +193,9 @@ def _class_symbols(
     if w == 0:
         rho = esc
     else:
-        local = _ranges(np.zeros(count.size, dtype=np.int64), count)
+        count = np.array(runs.count, dtype=np.int64)
+        if local is None:
+            local = _ranges(np.zeros(count.size, dtype=np.int64), count)
         rho = s.fields(np.repeat(np.array(runs.field_start, dtype=np.int64), count) + w * local, w)
         escaped = rho == lim
         if int(escaped.sum()) != esc.size:
@@ -273,57 +282,36 @@ def _entropy_indices(
         and int(j[-1] - j[0]) == j.size - 1
     ):
         return _one_block(s, t, loc, params, out, offsets)
-    nk = n * k
-    sym_start = np.cumsum(nk) - nk
-    width = np.empty(int(nk.sum()), dtype=np.int64)
+    maps = bytes(loc.maps)
+    plan = _gap_plan(j.tobytes(), n.tobytes(), k.tobytes(), cn.tobytes(), maps, offsets[j].tobytes())
+    width = np.empty(plan.total, dtype=np.int64)
     hi = np.empty_like(width)
-    for key in loc.runs:
+    for key, wire, local in plan.runs:
         g, cls = key
         p = params[g]
         b0w = (p.b0_a, p.w_a) if cls == 0 else (p.b0_b, p.w_b)
-        wd, h = _class_symbols(s, loc, key, b0w, fixed_width(g))
-        sel = np.array(loc.runs[key].member, dtype=np.int64)  # positions in loc.entropy
-        cnt = np.array(loc.runs[key].count, dtype=np.int64)
-        i = _ranges(np.zeros(sel.size, dtype=np.int64), cnt)
-        ks = np.repeat(k[sel], cnt)
-        base = np.repeat(sym_start[sel], cnt)
-        wire = base + i * ks if cls == 0 else base + i + i // (ks - 1) + 1
+        wd, h = _class_symbols(s, loc, key, b0w, fixed_width(g), local)
         width[wire], hi[wire] = wd, h
-    if not np.array_equal(np.add.reduceat(width, sym_start), np.array(loc.mant_bits, dtype=np.int64)):
+    if not np.array_equal(np.add.reduceat(width, plan.sym_start), np.array(loc.mant_bits, dtype=np.int64)):
         raise _Bad
     cs = np.cumsum(width) - width
-    mpos = cs + np.repeat(np.array(loc.mant_start, dtype=np.int64) - cs[sym_start], nk)
-    gaps = hi + s.gather(mpos, width)
-    r = np.cumsum(gaps + 1)
-    kk = np.repeat(k, n)  # per chunk
-    cstart = np.cumsum(kk) - kk
-    before = np.where(cstart > 0, r[cstart - 1], 0)
-    ranks = r - 1 - np.repeat(before, kk)
-    if bool((ranks[cstart + kk - 1] >= np.repeat(cn, n)).any()):
+    mpos = cs + np.repeat(np.array(loc.mant_start, dtype=np.int64) - cs[plan.sym_start], plan.nk)
+    r = np.cumsum(hi + s.gather(mpos, width) + 1)
+    before = r[plan.chunk_before]
+    before[plan.first_chunk] = 0
+    if bool((r[plan.chunk_last] - before > plan.chunk_cn).any()):
         raise Rejected(RejectCode.INDEX_OUT_OF_RANGE, "rank beyond chunk")  # reference re-judges
-    maps = np.array(loc.maps, dtype=np.int64)
-    combos = tuple(sorted({(c, m) for c, m in zip(cn.tolist(), maps.tolist(), strict=True)}))
-    table, where = _pos_table(combos)
-    toff = np.array([where[(c, m)] for c, m in zip(cn.tolist(), maps.tolist(), strict=True)], dtype=np.int64)
-    pos = table[np.repeat(toff, nk) + ranks]
-    dest = _ranges(offsets[j], nk)
-    perm: np.ndarray | None = None
-    moved = np.flatnonzero(maps != int(RankMap.IDENTITY))
-    for kv in sorted(set(k[moved].tolist())):
-        sel = moved[k[moved] == kv]
-        # chunk starts, in the numbering of the gap-coded symbols
-        rows = np.repeat(sym_start[sel], n[sel]) + kv * _ranges(np.zeros(sel.size, dtype=np.int64), n[sel])
-        cols = rows[:, None] + np.arange(kv)
-        order = np.sort(pos[cols] * kv + np.arange(kv), axis=1)
-        pos[cols] = order // kv
-        if perm is None:
-            perm = np.arange(out.size, dtype=np.int64)
-        src = rows[:, None] + order % kv
-        shift = np.repeat(offsets[j] - sym_start, nk)
-        perm[(cols + shift[cols]).reshape(-1)] = (src + shift[cols]).reshape(-1)
-    out[dest] = pos
-    if perm is None:
+    ranks = r - 1 - before[plan.chunk_of]
+    pos = plan.table[plan.toff + ranks]
+    if not plan.moved:
+        out[plan.dest] = pos
         return None
+    perm = np.arange(out.size, dtype=np.int64)
+    for kv, cols, shifted, rows in plan.moved:
+        order = np.sort(pos[cols] * kv + plan.arange[:kv], axis=1)
+        pos[cols] = order // kv
+        perm[shifted] = (rows[:, None] + order % kv + plan.shift[cols]).reshape(-1)
+    out[plan.dest] = pos
     moves = perm
 
     def reorder(val: np.ndarray) -> np.ndarray:
@@ -331,6 +319,77 @@ def _entropy_indices(
         return out
 
     return reorder
+
+
+@dataclass(frozen=True)
+class _GapPlan:
+    """What a payload's gap-coded tensors imply before any symbol is read (cached by structure)."""
+
+    total: int
+    nk: np.ndarray
+    sym_start: np.ndarray
+    runs: list[tuple[tuple[int, int], np.ndarray, np.ndarray]]  # (run key, wire places, local places)
+    chunk_before: np.ndarray  # per chunk: symbol index before its first (clamped to 0)
+    first_chunk: np.ndarray  # chunks that start the symbol sequence (no symbol before)
+    chunk_last: np.ndarray
+    chunk_cn: np.ndarray
+    chunk_of: np.ndarray  # per symbol: its chunk
+    table: np.ndarray
+    toff: np.ndarray  # per symbol: its (chunk size, map) table's offset
+    dest: np.ndarray
+    shift: np.ndarray
+    arange: np.ndarray
+    moved: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]  # (k, cols, perm targets, chunk starts)
+
+
+@functools.lru_cache(maxsize=32)
+def _gap_plan(jb: bytes, nb: bytes, kb: bytes, cnb: bytes, mb: bytes, ob: bytes) -> _GapPlan:
+    """The plan of gap-coded tensors ``j`` with ``n``, ``k``, ``cn``, rank ``maps``, output offsets."""
+    n, k, cn, off = (np.frombuffer(x, dtype=np.int64) for x in (nb, kb, cnb, ob))
+    maps = np.frombuffer(mb, dtype=np.uint8).astype(np.int64)
+    nk = n * k
+    sym_start = np.cumsum(nk) - nk
+    total = int(nk.sum())
+    runs = []
+    for g in sorted(set(cn.tolist())):
+        sel = np.flatnonzero(cn == g)
+        for cls in (0, 1):
+            cnt = n[sel] if cls == 0 else n[sel] * (k[sel] - 1)
+            i = _ranges(np.zeros(sel.size, dtype=np.int64), cnt)
+            ks = np.repeat(k[sel], cnt)
+            base = np.repeat(sym_start[sel], cnt)
+            wire = base + i * ks if cls == 0 else base + i + i // np.maximum(ks - 1, 1) + 1
+            runs.append(((g, cls), wire, i))
+    kk = np.repeat(k, n)
+    cstart = np.cumsum(kk) - kk
+    combos = tuple(sorted({(c, m) for c, m in zip(cn.tolist(), maps.tolist(), strict=True)}))
+    table, where = _pos_table(combos)
+    toff = np.array([where[(c, m)] for c, m in zip(cn.tolist(), maps.tolist(), strict=True)], dtype=np.int64)
+    shift = np.repeat(off - sym_start, nk)
+    moved = []
+    mv = np.flatnonzero(maps != int(RankMap.IDENTITY))
+    for kv in sorted(set(k[mv].tolist())):
+        sel = mv[k[mv] == kv]
+        rows = np.repeat(sym_start[sel], n[sel]) + kv * _ranges(np.zeros(sel.size, dtype=np.int64), n[sel])
+        cols = rows[:, None] + np.arange(kv)
+        moved.append((kv, cols, (cols + shift[cols]).reshape(-1), rows))
+    return _GapPlan(
+        total=total,
+        nk=nk,
+        sym_start=sym_start,
+        runs=runs,
+        chunk_before=np.maximum(cstart - 1, 0),
+        first_chunk=np.flatnonzero(cstart == 0),
+        chunk_last=cstart + kk - 1,
+        chunk_cn=np.repeat(cn, n),
+        chunk_of=np.repeat(np.arange(kk.size, dtype=np.int64), kk),
+        table=table,
+        toff=np.repeat(toff, nk),
+        dest=_ranges(off, nk),
+        shift=shift,
+        arange=np.arange(int(k.max()) if k.size else 1, dtype=np.int64),
+        moved=moved,
+    )
 
 
 def _scales(s: BitReader, t: _Table, b0: int, w: int) -> np.ndarray:
@@ -399,6 +458,19 @@ def _values(
     return out
 
 
+def _params(br: BitReader, bmax: int) -> tuple[int, int]:
+    """``(b0, w)``: 4 + 3 bits read as plain integers (checked as the reference does)."""
+    p = br.pos
+    if p + 7 > br.nbits:
+        raise _Bad
+    word = (br.buf.item(p >> 3) << 8) | br.buf.item((p >> 3) + 1)  # the buffer has spare bytes
+    v = (word >> (9 - (p & 7))) & 0x7F
+    br.pos = p + 7
+    b0, w = v >> 3, v & 7
+    check_params(b0, w, bmax, br.what)
+    return b0, w
+
+
 def _fast(
     layouts: Sequence[tuple[int, int]],
     limits: Limits,
@@ -415,12 +487,9 @@ def _fast(
     br.limit(len(rest) - vbytes)
     entropy = (t.ic == _ENTROPY) & (t.k < t.cn)
     groups = sorted(set(t.cn[entropy].tolist()))
-    params = {
-        cn: ClassParams(*_read_params(br, fixed_width(cn)), *_read_params(br, fixed_width(cn)))
-        for cn in groups
-    }
+    params = {cn: ClassParams(*_params(br, fixed_width(cn)), *_params(br, fixed_width(cn))) for cn in groups}
     scaled = bool(((t.vc == _INT8) | (t.vc == _SIGN1)).any())
-    scale_b0, scale_w = _read_params(br, _SCALE_BMAX) if scaled else (0, 0)
+    scale_b0, scale_w = _params(br, _SCALE_BMAX) if scaled else (0, 0)
     stream = Stream(br)
     loc = locate(stream, br.pos, t.n.tolist(), t.k.tolist(), t.cn.tolist(), entropy.tolist(), params)
     br.pos = loc.end

@@ -205,7 +205,14 @@ def _class_symbols(
         raise _Bad
     if rho.size and int(rho.max()) > bmax:
         raise _Bad
-    b = centre_out(b0, bmax)[rho]
+    widths, highs = _place_tables(b0, bmax)
+    return widths[rho], highs[rho]
+
+
+@functools.lru_cache(maxsize=256)
+def _place_tables(b0: int, bmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per bucket place: (mantissa bits, the symbol's value without its mantissa)."""
+    b = centre_out(b0, bmax)
     width = np.maximum(b - 1, 0)
     return width, np.where(b >= 1, np.int64(1) << width, 0)
 
@@ -310,7 +317,7 @@ def _entropy_indices(
     for kv, cols, shifted, rows in plan.moved:
         order = np.sort(pos[cols] * kv + plan.arange[:kv], axis=1)
         pos[cols] = order // kv
-        perm[shifted] = (rows[:, None] + order % kv + plan.shift[cols]).reshape(-1)
+        perm[shifted] = (order % kv + rows).reshape(-1)
     out[plan.dest] = pos
     moves = perm
 
@@ -337,9 +344,8 @@ class _GapPlan:
     table: np.ndarray
     toff: np.ndarray  # per symbol: its (chunk size, map) table's offset
     dest: np.ndarray
-    shift: np.ndarray
     arange: np.ndarray
-    moved: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]  # (k, cols, perm targets, chunk starts)
+    moved: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]  # (k, cols, perm targets, sources' base)
 
 
 @functools.lru_cache(maxsize=32)
@@ -372,7 +378,7 @@ def _gap_plan(jb: bytes, nb: bytes, kb: bytes, cnb: bytes, mb: bytes, ob: bytes)
         sel = mv[k[mv] == kv]
         rows = np.repeat(sym_start[sel], n[sel]) + kv * _ranges(np.zeros(sel.size, dtype=np.int64), n[sel])
         cols = rows[:, None] + np.arange(kv)
-        moved.append((kv, cols, (cols + shift[cols]).reshape(-1), rows))
+        moved.append((kv, cols, (cols + shift[cols]).reshape(-1), rows[:, None] + shift[cols]))
     return _GapPlan(
         total=total,
         nk=nk,
@@ -386,7 +392,6 @@ def _gap_plan(jb: bytes, nb: bytes, kb: bytes, cnb: bytes, mb: bytes, ob: bytes)
         table=table,
         toff=np.repeat(toff, nk),
         dest=_ranges(off, nk),
-        shift=shift,
         arange=np.arange(int(k.max()) if k.size else 1, dtype=np.int64),
         moved=moved,
     )

@@ -213,6 +213,21 @@ def _comb(count: int, w: int) -> int:
 def _field_sums(x: int, count: int, w: int, coefs: tuple[int, ...]) -> tuple[int, int]:
     """(escapes, mantissa bits of the others) of ``count`` ``w``-bit fields packed MSB-first in ``x``."""
     comb = _comb(count, w)
+    if w == 3:  # the common width, unrolled
+        p0, p1, p2 = x & comb, (x >> 1) & comb, (x >> 2) & comb
+        a01, a02, a12 = p0 & p1, p0 & p2, p1 & p2
+        c = coefs
+        mant = (
+            c[0] * count
+            + c[1] * p0.bit_count()
+            + c[2] * p1.bit_count()
+            + c[3] * a01.bit_count()
+            + c[4] * p2.bit_count()
+            + c[5] * a02.bit_count()
+            + c[6] * a12.bit_count()
+        )
+        esc = (a01 & p2).bit_count()
+        return esc, mant + c[7] * esc
     planes = [(x >> j) & comb for j in range(w)]
     ands = [comb] * (1 << w)
     mant = coefs[0] * count
@@ -315,6 +330,7 @@ def _locate_ints(
                     else:
                         escs.append(count if kind < 2 else 0)
                         mant += count * b0 if kind == 0 else 0
+                nxt = -1  # the zero bit after class A's escapes: where class B's start
                 for (kind, _b0, _w, lim, _coefs, mt), run, n_esc in (
                     (plan_a, run_a, escs[0]),
                     (plan_b, run_b, escs[1]),
@@ -324,8 +340,9 @@ def _locate_ints(
                     if not n_esc:
                         run.esc_j0.append(0)
                         continue
-                    j0 = int(z.searchsorted(p))
+                    j0 = nxt if nxt >= 0 else int(z.searchsorted(p))
                     jl = j0 + n_esc - 1
+                    nxt = jl + 1
                     if jl >= nz:
                         raise Short
                     run.esc_j0.append(j0)

@@ -397,12 +397,48 @@ def _gap_plan(jb: bytes, nb: bytes, kb: bytes, cnb: bytes, mb: bytes, ob: bytes)
     )
 
 
-def _scales(s: BitReader, t: _Table, b0: int, w: int) -> np.ndarray:
+def _unary(s: BitReader, stream: Stream, count: int, max_value: int) -> np.ndarray:
+    """``count`` unary codes at the reader's position, from the stream's zero-bit positions."""
+    if not count:
+        return np.zeros(0, dtype=np.int64)
+    z, p = stream.zeros, s.pos
+    j0 = int(z.searchsorted(p))
+    if j0 + count > z.size:
+        raise _Bad
+    ends = z[j0 : j0 + count]
+    u: np.ndarray = np.diff(ends, prepend=p - 1) - 1
+    if int(u.max()) > max_value:
+        raise _Bad
+    s.pos = int(ends[-1]) + 1
+    return u
+
+
+def _scale_symbols(s: BitReader, stream: Stream | None, count: int, b0: int, w: int) -> np.ndarray:
+    """The scale symbols (bucket or Rice code, bmax 12); unary codes from ``stream``'s zeros if given."""
+    if stream is None:
+        prefix, widths = finish_class(s, start_class(s, count, b0, w), b0, w, _SCALE_BMAX)
+        return class_values(prefix, s.varwidth(widths), b0, w)
+    if w == RICE:
+        q = _unary(s, stream, count, ((1 << _SCALE_BMAX) - 1) >> b0)
+        out: np.ndarray = (q << b0) + s.varwidth(np.full(count, b0, dtype=np.int64))
+        return out
+    rho = s.fields(count, w)
+    lim = (1 << w) - 1
+    escaped = rho == lim
+    rho[escaped] = lim + _unary(s, stream, int(escaped.sum()), max(_SCALE_BMAX - lim, 0))
+    if rho.size and int(rho.max()) > _SCALE_BMAX:
+        raise _Bad
+    widths, highs = _place_tables(b0, _SCALE_BMAX)
+    width = widths[rho]
+    res: np.ndarray = highs[rho] + s.varwidth(width)
+    return res
+
+
+def _scales(s: BitReader, stream: Stream | None, t: _Table, b0: int, w: int) -> np.ndarray:
     """float32 scale per chunk of every scaled tensor (id order); checks each code's range."""
     sc = np.flatnonzero((t.vc == _INT8) | (t.vc == _SIGN1))
     n = t.n[sc]
-    prefix, widths = finish_class(s, start_class(s, int(n.sum()), b0, w), b0, w, _SCALE_BMAX)
-    sym = class_values(prefix, s.varwidth(widths), b0, w)
+    sym = _scale_symbols(s, stream, int(n.sum()), b0, w)
     nonzero = sym > 0
     zz = sym[nonzero] - 1
     c = np.full(sym.size, ZERO_SCALE, dtype=np.int64)
@@ -503,7 +539,8 @@ def _fast(
     _dense_indices(t, idx, offsets)
     _fixed_indices(stream, t, loc, idx, offsets)
     reorder = _entropy_indices(stream, t, loc, params, idx, offsets)
-    scales = _scales(br, t, scale_b0, scale_w) if scaled else None
+    zeros_known = stream.has_zeros  # then the scales' unary codes cost a binary search
+    scales = _scales(br, stream if zeros_known else None, t, scale_b0, scale_w) if scaled else None
     signs = br.flags(int(nk[t.vc == _SIGN1].sum())).astype(bool)
     br.finish()
     val = _values(rest, len(rest) - vbytes, t, offsets, scales, signs)

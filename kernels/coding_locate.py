@@ -69,6 +69,11 @@ class Stream:
         return self.bits.tobytes()
 
     @property
+    def has_zeros(self) -> bool:
+        """Whether :attr:`zeros` is already computed (it costs a pass over the stream)."""
+        return self._zeros is not None
+
+    @property
     def zeros(self) -> np.ndarray:
         """Positions of the zero bits in ``[0, nbits)``."""
         if self._zeros is None:

@@ -267,13 +267,15 @@ class DistroOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def _apply(self, rnd: Round, *, lookahead: bool = True) -> None:
         cfg = self.cfg
-        pending = self._pending.pop(rnd.step)
+        # No pending entry: with overlap, the first step after adopting the swarm's state at step
+        # t collects round t - 1, which the donor had not applied yet and we sent nothing to.
+        pending = self._pending.pop(rnd.step, None) or _Pending([], lr_at(cfg, rnd.step))
         for old in [s for s in self._pending if s < rnd.step]:
             del self._pending[old]
         device = self._params[0].device
         dec = open_round(rnd.frames, self.plans, cfg, rnd.step, self.digest, device, self.decode_cache)
         own = self.identity.peer_id in dec.peers
-        if not own:  # our packet did not count: give what we sent back to the momentum
+        if not own and pending.sent:  # our packet did not count: give what we sent back to the momentum
             for m, s in zip(self._momenta(), pending.sent, strict=True):
                 m.scatter_add_(1, s.idx, s.val)
         self.reports.append(StepReport(rnd.step, pending.lr, dec.peers, dec.rejected, own))

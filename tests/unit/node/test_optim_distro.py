@@ -167,3 +167,37 @@ def test_bad_arguments() -> None:
     opt = DistroOptimizer(_model().named_parameters(), DistroConfig(), ex, ident)
     with pytest.raises(ConfigError):
         opt.finish_step()
+
+
+def test_overlap_newcomer_adopting_a_state_applies_the_round_in_flight() -> None:
+    """Overlap: a node that adopts the swarm's state at step t sent nothing for round t - 1, yet
+    its first step collects and applies that round — and ends bit-identical with the donor."""
+    from distronet.node.sync import load_state_blob, state_blob
+
+    hub, cfg = MemoryHub(), preset("ours_k32", lr=0.01, overlap=True)
+    ids = [_ident(i) for i in range(3)]
+    models = [_model(), _model(), _model(seed=7)]  # the newcomer starts from other weights
+    opts = [
+        DistroOptimizer(m.named_parameters(), cfg, hub.join(i.peer_id), i)
+        for m, i in zip(models, ids, strict=True)
+    ]
+    gen = torch.Generator().manual_seed(3)
+
+    def run(step: int, live: list[int]) -> None:
+        for i in live:
+            for p in models[i].parameters():
+                p.grad = torch.randn(p.shape, generator=gen)
+            opts[i].begin_step()
+        for i in live:
+            opts[i].finish_step()
+
+    for t in range(4):
+        run(t, [0, 1])
+    load_state_blob(state_blob(4, models[0], opts[0]), models[2], opts[2])
+    opts[2].resume_at(4)
+    for t in (4, 5):
+        run(t, [0, 1, 2])
+        for a, c in zip(models[0].parameters(), models[2].parameters(), strict=True):
+            assert torch.equal(a, c), t
+    assert opts[2].reports[0].step == 3 and opts[2].reports[0].own_accepted is False
+    assert opts[2].reports[-1].own_accepted is True

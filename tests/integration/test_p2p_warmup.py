@@ -92,7 +92,7 @@ async def one_step(peers: Peers, step: int) -> list[dict[bytes, bytes]]:
 
 
 async def test_warm_up_packets_are_masked_on_every_replica(peers: Peers) -> None:
-    (a, xa), (b, xb), (c, xc) = peers
+    (a, xa), (b, xb), (_c, xc) = peers
     assert xc.start_warmup(0) == 2  # steps 0 and 1 are masked
     for step in (0, 1):
         rounds = await one_step(peers, step)

@@ -20,11 +20,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LocalSwarm", "SwarmFailure", "common_digests", "main", "wait_identical", "write_run"]
+__all__ = [
+    "LocalSwarm",
+    "SwarmFailure",
+    "common_digests",
+    "main",
+    "wait_identical",
+    "wait_until",
+    "write_run",
+]
 
 TINY_MODEL = {
     "arch": "gpt",
@@ -91,7 +99,8 @@ def write_run(
     return run
 
 
-def _wait(check: Callable[[], bool], timeout: float, what: str) -> None:
+def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``check`` every 0.1 s; raise ``SwarmFailure`` naming ``what`` after ``timeout`` seconds."""
     end = time.monotonic() + timeout
     while not check():
         if time.monotonic() > end:
@@ -118,15 +127,18 @@ class LocalSwarm:
         self._files.append(fh)
         return fh
 
-    def start_coordinator(self, timeout: float = 30.0, *, port: int = 0) -> str:
-        """Start (or restart, on the same data folder; pass ``port`` to keep the URL) the coordinator."""
+    def start_coordinator(
+        self, timeout: float = 30.0, *, port: int = 0, host: str = "127.0.0.1", extra: Sequence[str] = ()
+    ) -> str:
+        """Start (or restart, on the same data folder; pass ``port`` to keep the URL) the coordinator
+        on ``host``; ``extra`` are more `distro-coordinator serve` flags."""
         port_file = self.folder / "coordinator.port"
         port_file.unlink(missing_ok=True)
         self.coordinator = subprocess.Popen(
-            [sys.executable, "-m", "distronet.coordinator.cli", "serve", "--port", str(port),
+            [sys.executable, "-m", "distronet.coordinator.cli", "serve", "--host", host, "--port", str(port),
              "--port-file", str(port_file), "--data-dir", str(self.folder / "coordinator"),
              "--run", str(self.run_toml), "--operator-token", "demo",
-             "--sqlite-sync", "NORMAL", "--log-level", "warning"],
+             "--sqlite-sync", "NORMAL", "--log-level", "warning", *extra],
             stdout=self._out("coordinator"), stderr=subprocess.STDOUT,
         )  # fmt: skip
 
@@ -135,8 +147,8 @@ class LocalSwarm:
                 raise SwarmFailure(f"the coordinator exited with {self.coordinator.returncode} at start")
             return port_file.exists() and port_file.read_text().strip().isdigit()
 
-        _wait(up, timeout, "the coordinator's port file")
-        self.url = f"http://127.0.0.1:{port_file.read_text().strip()}"
+        wait_until(up, timeout, "the coordinator's port file")
+        self.url = f"http://{host}:{port_file.read_text().strip()}"
         return self.url
 
     def start_node(self, *extra: str, min_peers: int = 1, status: str = "off") -> int:
@@ -181,7 +193,7 @@ class LocalSwarm:
                     )
             return all(self.status(i).get("step", -1) >= step for i in nodes)
 
-        _wait(ok, timeout, f"nodes {nodes} to reach step {step}")
+        wait_until(ok, timeout, f"nodes {nodes} to reach step {step}")
 
     def stop(self, proc: subprocess.Popen[bytes] | None, timeout: float = 30.0) -> int | None:
         """SIGTERM ``proc`` and wait; SIGKILL after ``timeout``. Its exit code (None if never started)."""

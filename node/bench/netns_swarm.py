@@ -14,7 +14,7 @@ import json
 import os
 import subprocess
 import sys
-import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,30 +64,15 @@ class NetnsSwarm(LocalSwarm):
         super().__init__(folder, run_toml, run_id, log=False)
         self.net = net
 
-    def start_coordinator(self, timeout: float = 30.0, *, port: int = 0) -> str:
-        port_file = self.folder / "coordinator.port"
-        port_file.unlink(missing_ok=True)
-        self.coordinator = subprocess.Popen(
-            [sys.executable, "-m", "distronet.coordinator.cli", "serve", "--host", self.net.host_ip,
-             "--port", str(port), "--port-file", str(port_file),
-             "--data-dir", str(self.folder / "coordinator"), "--run", str(self.run_toml),
-             "--operator-token", "demo", "--sqlite-sync", "NORMAL", "--log-level", "warning",
-             "--peer-rate", "200", "--peer-burst", "400", "--ip-rate", "500", "--ip-burst", "1000"],
-            stdout=self._out("coordinator"), stderr=subprocess.STDOUT,
-        )  # fmt: skip
-
-        def up() -> bool:
-            if self.coordinator is not None and self.coordinator.poll() is not None:
-                raise SwarmFailure(f"the coordinator exited with {self.coordinator.returncode} at start")
-            return port_file.exists() and port_file.read_text().strip().isdigit()
-
-        end = time.monotonic() + timeout
-        while not up():
-            if time.monotonic() > end:
-                raise SwarmFailure(f"timed out after {timeout:.0f} s waiting for the coordinator's port file")
-            time.sleep(0.1)
-        self.url = f"http://{self.net.host_ip}:{port_file.read_text().strip()}"
-        return self.url
+    def start_coordinator(
+        self, timeout: float = 30.0, *, port: int = 0, host: str = "", extra: Sequence[str] = ()
+    ) -> str:
+        """The coordinator on the bridge address (every namespace reaches it), with per-client rate
+        limits loose enough for nodes that all come through one subnet."""
+        loose = ("--peer-rate", "200", "--peer-burst", "400", "--ip-rate", "500", "--ip-burst", "1000")
+        return super().start_coordinator(
+            timeout, port=port, host=host or self.net.host_ip, extra=(*loose, *extra)
+        )
 
     def start_node(self, *extra: str, min_peers: int = 1, status: str = "off") -> int:
         """Start the next node (index = how many were started) in its namespace; its index.

@@ -21,23 +21,14 @@ from __future__ import annotations
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from distronet.node.demo import LocalSwarm, SwarmFailure, write_run
+from distronet.node.demo import LocalSwarm, wait_until, write_run
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(300)]
 OUTAGE_S = 20.0
 N = 4
-
-
-def wait_for(check: Any, timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > end:
-            raise SwarmFailure(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.3)
 
 
 def test_nodes_train_through_a_coordinator_outage(tmp_path: Path) -> None:
@@ -63,7 +54,7 @@ def test_nodes_train_through_a_coordinator_outage(tmp_path: Path) -> None:
                     return False
             return True
 
-        wait_for(trained_and_queued, OUTAGE_S - 1, "every node to step on and queue a shard completion")
+        wait_until(trained_and_queued, OUTAGE_S - 1, "every node to step on and queue a shard completion")
         time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - killed)))  # the scenario: 20 s down
         during = {i: swarm.status(i) for i in nodes}
         assert all(swarm.nodes[i].poll() is None for i in nodes)
@@ -71,7 +62,7 @@ def test_nodes_train_through_a_coordinator_outage(tmp_path: Path) -> None:
 
         swarm.start_coordinator(port=port)
         swarm.wait_steps(nodes, max(s["step"] for s in during.values()) + 2, timeout=40.0)
-        wait_for(
+        wait_until(
             lambda: all(swarm.status(i)["pending_reports"] == 0 for i in nodes),
             40.0,
             "every node's queued reports to reach the restarted coordinator",

@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 
-from distronet.node.demo import LocalSwarm, SwarmFailure, wait_identical, write_run
+from distronet.node.demo import LocalSwarm, wait_identical, wait_until, write_run
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(300)]
 SEED = 5
@@ -53,14 +53,6 @@ def units(swarm: LocalSwarm) -> dict[int, dict[str, Any]]:
             return out
         out[u] = state
     return out
-
-
-def wait_for(check: Any, timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > end:
-            raise SwarmFailure(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.3)
 
 
 def test_two_nodes_killed_one_newcomer_the_run_keeps_stepping(tmp_path: Path) -> None:
@@ -95,7 +87,7 @@ def test_two_nodes_killed_one_newcomer_the_run_keeps_stepping(tmp_path: Path) ->
         def reissued_and_done() -> bool:
             return all(swarm.api(f"/runs/chaos1/leases/{u}")["state"] == "done" for u in held)
 
-        wait_for(reissued_and_done, 90.0, f"the killed nodes' units {held} to be completed again")
+        wait_until(reissued_and_done, 90.0, f"the killed nodes' units {held} to be completed again")
 
         def newcomer_accepted() -> bool:  # once its warm-up is over, its packets count
             warm_until = swarm.status(new).get("warmup_until", 2**62)
@@ -106,7 +98,7 @@ def test_two_nodes_killed_one_newcomer_the_run_keeps_stepping(tmp_path: Path) ->
                 if int(k) >= warm_until
             )
 
-        wait_for(newcomer_accepted, 40.0, "the survivors to accept the newcomer's packets")
+        wait_until(newcomer_accepted, 40.0, "the survivors to accept the newcomer's packets")
         victim_units = {u: swarm.api(f"/runs/chaos1/leases/{u}") for u in held}
         step, digests = wait_identical(swarm, live, max(swarm.status(i)["step"] for i in live), 60.0)
         book = units(swarm)

@@ -66,7 +66,7 @@ def _need_chromium() -> Any:
         reason = "the dashboard browser test needs " + " and ".join(missing)
         if os.environ.get("CI"):
             pytest.fail(reason + "; .ci/run installs them", pytrace=False)
-        pytest.skip(reason)
+        pytest.skip(f"missing service: Chromium/Playwright not installed here ({reason})")
     return pw
 
 

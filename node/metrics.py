@@ -4,8 +4,8 @@ Names (all prefixed ``distro_node_``): ``steps_total``, ``step_seconds{phase=com
 (histogram), ``bytes_total{direction=up|down}`` (as on the wire), ``budget_bytes_per_second
 {direction}``, ``budget_utilisation{direction}`` (rate over the last step / budget), ``peers_live``,
 ``packets_total{result=accepted|rejected, reason}``, ``loss``, ``step``, ``drift_checks_total
-{result=equal|differs}``, ``info{peer_id, run_id, digest}``. p2pd's own libp2p metrics are on
-``--p2pd-metrics-port``.
+{result=equal|differs}``, ``info{peer_id, run_id, digest}``, ``device_info{device}``. p2pd's own
+libp2p metrics are on ``--p2pd-metrics-port``.
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ class NodeMetrics:
         self.step = Gauge(p + "step", "the last finished step", registry=r)
         self.drift = Counter(p + "drift_checks", "parameter-hash checks", ["result"], registry=r)
         self.info = Gauge(p + "info", "constant 1, labelled", ["peer_id", "run_id", "digest"], registry=r)
+        self.device = Gauge(
+            p + "device_info", "constant 1, labelled with the compute backend", ["device"], registry=r
+        )
         self._server: WSGIServer | None = None
 
     def serve(self, host: str, port: int) -> None:

@@ -34,6 +34,7 @@ class NodeStatus:
     run_id: str
     peer_id: str
     state: str = "created"
+    device: str = ""  # what computes the gradients: cuda | mps | cpu | mlx
     step: int = -1
     loss: float = math.nan
     losses: list[float] = dataclasses.field(default_factory=list)  # first and recent, for tests

@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 ENV_PREFIX = "DISTRO_"
-DEVICES = ("auto", "cuda", "mps", "cpu")
+DEVICES = ("auto", "cuda", "mps", "mlx", "cpu")
 
 
 def _f(default: Any, help: str) -> Any:
@@ -69,7 +69,7 @@ class NetConfig:
 class TrainConfig:
     """How long and how this machine trains."""
 
-    device: str = _f("auto", "auto | cuda | mps | cpu")
+    device: str = _f("auto", "auto | cuda | mps | mlx | cpu (mlx: Apple MLX, pip extra [mlx])")
     max_steps: int = _f(0, "stop cleanly once the step counter reaches this (steps 0..N-1; 0: no limit)")
     max_seconds: float = _f(0.0, "stop cleanly after this many seconds of training (0: no limit)")
     checkpoint_every: int = _f(50, "save a local checkpoint every this many steps (0: never)")

@@ -34,6 +34,7 @@ from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from distronet.node import node_parts as parts
+from distronet.node.backends import pick_backend
 from distronet.node.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from distronet.node.config import NodeConfig
 from distronet.node.coordinator_client import (
@@ -52,7 +53,7 @@ from distronet.node.swarm.exchange import AsyncSwarmExchange, SwarmExchange, man
 from distronet.node.swarm.stack import Swarm
 from distronet.node.swarm.statesync import NoNewerState, StateDonor, fetch_state
 from distronet.node.sync import load_state_blob, state_blob
-from distronet.node.trainer import ModelSpec, Trainer, pick_device
+from distronet.node.trainer import ModelSpec, Trainer
 from distronet.protocol.errors import ConfigError, DistroError
 
 __all__ = ["Node", "NodeError", "NodeState", "NodeStateError"]
@@ -165,6 +166,10 @@ class Node:
 
     async def _build(self) -> None:
         cfg, data = self.cfg, self.cfg.data_path
+        try:  # the compute backend first: a missing device fails before we touch the network
+            self.backend = pick_backend(cfg.train.device)
+        except ConfigError as e:
+            raise NodeError(str(e), ExitCode.USAGE) from e
         self.identity, key_path = parts.load_identity(data)
         self.client = CoordinatorClient(
             cfg.coordinator, cfg.run_id, self.identity, buffer_path=data / "reports.jsonl", timeout_s=CALL_S
@@ -210,16 +215,18 @@ class Node:
 
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
-        device = pick_device(cfg.train.device)
         assert self.core is not None
-        model = spec.build(device)
+        model = spec.build(self.backend.device)
         self.exchange = SwarmExchange(self.core, asyncio.get_running_loop())
         self.optimizer = DistroOptimizer(model.named_parameters(), dcfg, self.exchange, self.identity)
         self.feed = parts.ShardFeed(
             spec.seed, parts.peer_index(self.identity.peer_id), spec.batch, spec.seq_len
         )
         self.dcfg = dcfg
-        self.trainer = Trainer(model, self.optimizer, self.feed, device)
+        self.trainer = Trainer(model, self.optimizer, self.feed, self.backend)
+        self.status.device = self.backend.name
+        self.metrics.device.labels(self.backend.name).set(1)
+        log.info("computing on %s", self.backend.describe())
         self.step = 0
         self.ckpt_path = cfg.data_path / "checkpoint.pt"
         ckpt = load_checkpoint(self.ckpt_path, run_id=cfg.run_id)

@@ -3,7 +3,8 @@
 The trainer owns a model, an optimizer and a batch source. ``step()`` runs one training step and
 returns what happened; the optimizer it is given decides what a step means (``DistroOptimizer``
 publishes and collects through its exchange inside ``step()``). It is synchronous and meant to
-run in a worker thread, off the daemon's event loop.
+run in a worker thread, off the daemon's event loop. The loss and gradients come from a compute
+backend (``distronet.node.backends``: torch on CUDA, MPS or CPU, or MLX); the rest is torch.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from distronet.node.backends import ComputeBackend, TorchBackend, pick_backend
 from distronet.node.models.gpt import GPT, GPTConfig
 from distronet.protocol.errors import ConfigError
 
@@ -76,18 +78,11 @@ class StepResult:
 
 
 def pick_device(name: str) -> torch.device:
-    """``auto`` picks CUDA, then MPS, then CPU. Raises ``ConfigError`` for one that is absent."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda: no CUDA device is visible to torch")
-    if name == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError("--device mps: MPS is not available on this machine")
-    return torch.device(name)
+    """Where the model's torch parameters live for ``--device name`` (``mlx``: the CPU).
+
+    Raises ``ConfigError`` for a device that is absent; see ``backends.pick_backend``.
+    """
+    return pick_backend(name).device
 
 
 def param_digest(model: nn.Module) -> str:
@@ -102,13 +97,21 @@ class Trainer:
     """Runs steps of ``model`` with ``optimizer`` on ``batches``. Not thread-safe: one caller.
 
     ``optimizer`` is any ``torch.optim.Optimizer``; with a ``DistroOptimizer`` the ``step`` call
-    blocks on the exchange (that time is reported as ``exchange_s``).
+    blocks on the exchange (that time is reported as ``exchange_s``). ``backend`` computes the
+    loss and gradients (``backends.pick_backend``); a bare ``torch.device`` means torch on it.
+    ``model`` must already be on ``backend.device``.
     """
 
     def __init__(
-        self, model: GPT, optimizer: torch.optim.Optimizer, batches: BatchSource, device: torch.device
+        self,
+        model: GPT,
+        optimizer: torch.optim.Optimizer,
+        batches: BatchSource,
+        backend: ComputeBackend | torch.device,
     ) -> None:
-        self.model, self.optimizer, self.batches, self.device = model, optimizer, batches, device
+        self.model, self.optimizer, self.batches = model, optimizer, batches
+        self.backend = backend if isinstance(backend, ComputeBackend) else TorchBackend(backend)
+        self.device = self.backend.device
 
     def step(self, step: int) -> StepResult:
         """Train on the batch of ``step``. Raises what the optimizer raises (e.g. ``PeerDead``)."""
@@ -117,7 +120,7 @@ class Trainer:
         xt = torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
         yt = torch.from_numpy(np.ascontiguousarray(y)).to(self.device)
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.model.loss(xt, yt)
+        loss = self.backend.loss(self.model, xt, yt)
         loss.backward()
         value = float(loss.detach())
         t1 = time.perf_counter()

@@ -22,7 +22,7 @@ else
 	$(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)" --index-url https://download.pytorch.org/whl/cpu 2>/dev/null \
 	  || $(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)"
 endif
-	$(BIN)/python -m pip install -q -e ".[dev,postgres]"
+	$(BIN)/python -m pip install -q -e ".[dev,postgres,mlx]"
 	touch $(STAMP)
 
 demo: venv

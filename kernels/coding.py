@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from distronet.kernels.coding_flat import FlatPayload, decode_payload, decode_payload_flat
+from distronet.kernels.coding_fast import decode_payload, decode_payload_flat
+from distronet.kernels.coding_flat import FlatPayload
 from distronet.kernels.coding_index import MAX_CHUNK_NUMEL, IndexCoding, encode_indices
 from distronet.kernels.coding_payload import (
     PAYLOAD_VERSION,

@@ -26,7 +26,12 @@ from __future__ import annotations
 import hashlib
 import re
 import struct
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from distronet.protocol.errors import RejectCode, Rejected
 from distronet.protocol.framing import (
@@ -37,7 +42,13 @@ from distronet.protocol.framing import (
     take_bin,
     take_int,
 )
-from distronet.protocol.identity import PEER_ID_BYTES, SIGNATURE_BYTES, Identity, is_ed25519_peer_id, verify
+from distronet.protocol.identity import (
+    PEER_ID_BYTES,
+    SIGNATURE_BYTES,
+    Identity,
+    is_ed25519_peer_id,
+    public_key_from_peer_id,
+)
 from distronet.protocol.identity import peer_id_to_b58 as _b58
 from distronet.protocol.layout import LAYOUT_DIGEST_BYTES
 from distronet.protocol.limits import DEFAULT_LIMITS, Limits
@@ -79,6 +90,32 @@ class StepPacket:
     def payload_sha256(self) -> bytes:
         """SHA-256 of the payload (what the signature binds)."""
         return hashlib.sha256(self.payload).digest()
+
+
+_KEYS_KEEP = 1024
+_PUBLIC_KEYS: OrderedDict[bytes, Ed25519PublicKey] = OrderedDict()
+_PUBLIC_KEYS_LOCK = threading.Lock()
+
+
+def _verify(peer_id: bytes, data: bytes, signature: bytes) -> bool:
+    """``identity.verify`` with the peer's public key object kept (a round verifies the same
+    peers every step; building the key object is a point decompression). Never raises."""
+    with _PUBLIC_KEYS_LOCK:
+        key = _PUBLIC_KEYS.get(peer_id)
+    if key is None:
+        try:
+            key = public_key_from_peer_id(peer_id)
+        except ValueError:
+            return False
+        with _PUBLIC_KEYS_LOCK:
+            _PUBLIC_KEYS[peer_id] = key
+            if len(_PUBLIC_KEYS) > _KEYS_KEEP:
+                _PUBLIC_KEYS.popitem(last=False)
+    try:
+        key.verify(signature, data)
+    except (InvalidSignature, ValueError):
+        return False
+    return True
 
 
 def check_run_id(run_id: object, limits: Limits = DEFAULT_LIMITS) -> bool:
@@ -237,6 +274,6 @@ def open_packet(
     msg = packet_signing_bytes(
         version, run, step, peer, digest, hashlib.sha256(payload).digest(), len(payload)
     )
-    if not verify(peer, msg, sig):
+    if not _verify(peer, msg, sig):
         raise reject(RejectCode.BAD_SIGNATURE)
     return StepPacket(version, run, step, peer, digest, payload, sig)

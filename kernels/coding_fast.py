@@ -1,0 +1,272 @@
+"""The payload decoder's fast path: a cached plan per payload structure plus a compiled walk.
+
+Packets of one run share their structure: the same tensors at the same k and codings, so the
+same header, class table, tensor table and bucket-code parameters (docs/protocol-payload.md
+§2 steps 1-4). Everything the decoder derives from that prefix (offsets, value sections,
+per-tensor modes, rank tables, scale ranges, limit checks) is computed once, kept in a
+:class:`_Plan` keyed by the prefix's exact bits, and reused for every payload that starts with
+the same bits and is long enough for the prefix's length checks to pass as they did. What
+varies per packet, the index bodies, scale codes and sign bits, is read by one compiled loop
+(:mod:`coding_jit`); the values are a few whole-array copies per value coding.
+
+Per packet this costs a prefix comparison, the compiled walk (O(bits + coefficients)) and a
+handful of numpy calls, instead of dozens of numpy calls per tensor.
+
+Same contract as :func:`~distronet.kernels.coding_flat.decode_payload_flat`: it accepts exactly
+what :func:`~distronet.kernels.coding_payload.decode_payload_reference` accepts and returns
+bit-identical results; anything the fast path does not accept is decoded (or rejected, with
+the exact code and message) by the reference. Without numba (:data:`coding_jit.HAVE_JIT`
+False) it is :func:`coding_flat.decode_payload_flat` itself. numba is imported on the first
+decode, not with this module.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import astuple, dataclass
+from types import ModuleType
+
+import numpy as np
+
+from distronet.kernels import coding_flat as cf
+from distronet.kernels.coding_bits import BitReader
+from distronet.kernels.coding_flat import FlatPayload
+from distronet.kernels.coding_index import ClassParams, fixed_width
+from distronet.kernels.coding_locate import Short
+from distronet.kernels.coding_payload import _SCALE_BMAX, DecodedTensor, decode_payload_reference, read_header
+from distronet.kernels.coding_values import Q_MAX, Q_MIN
+from distronet.protocol.errors import Rejected
+from distronet.protocol.limits import DEFAULT_LIMITS, Limits
+
+__all__ = ["decode_payload", "decode_payload_flat"]
+
+HAVE_JIT = importlib.util.find_spec("numba") is not None
+_PLANS_KEEP = 16
+_FP32, _FP16, _BF16, _INT8, _SIGN1 = 1, 2, 3, 4, 5
+_ENTROPY = 2
+_PAD = bytes(4)  # the walk reads whole 32-bit words: 4 spare bytes after the payload
+_REFUSED = (cf._Bad, Short, Rejected, IndexError, ValueError, OverflowError)
+
+
+@functools.cache
+def _jit() -> ModuleType:
+    """:mod:`coding_jit`, imported on first use (importing numba takes ~0.5 s)."""
+    from distronet.kernels import coding_jit
+
+    return coding_jit
+
+
+@dataclass(frozen=True, eq=False)
+class _Plan:
+    """Everything a payload's prefix (header .. parameters) implies; see the module doc."""
+
+    layouts: tuple[tuple[int, int], ...]
+    limits: Limits
+    head: bytes  # the prefix's whole bytes
+    mask: int  # high bits of the next byte that still belong to the prefix
+    bits: int
+    min_len: int
+    start: int  # bit where the index bodies start (from the payload's first byte)
+    vbytes: int
+    ids: np.ndarray
+    n: np.ndarray
+    k: np.ndarray
+    cn: np.ndarray
+    offsets: np.ndarray
+    mode: np.ndarray
+    grp: np.ndarray
+    tables: tuple[np.ndarray, np.ndarray, np.ndarray]
+    scaled: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+    scale_params: tuple[int, int]
+    n_signs: int
+    reps: np.ndarray | None  # coefficients per scaled chunk (to spread the scales)
+    runs: tuple[
+        tuple[int, int, int, int, int, int], ...
+    ]  # (coding, lo, hi, byte offset, scale offset, sign offset)
+    finite_check: bool
+
+    def matches(self, data: bytes) -> bool:
+        cut = len(self.head)
+        return (
+            len(data) >= self.min_len
+            and data.startswith(self.head)
+            and (not self.mask or data[cut] & self.mask == self.bits)
+        )
+
+
+def _runs(t: cf._Table, offsets: np.ndarray) -> tuple[tuple[int, int, int, int, int, int], ...]:
+    nk = t.n * t.k
+    vb = nk * cf._BYTES[t.vc]
+    voff = np.cumsum(vb) - vb
+    scaled = (t.vc == _INT8) | (t.vc == _SIGN1)
+    snk = np.where(scaled, nk, 0)
+    soff = np.cumsum(snk) - snk
+    gnk = np.where(t.vc == _SIGN1, nk, 0)
+    goff = np.cumsum(gnk) - gnk
+    change = np.flatnonzero(np.diff(t.vc)) + 1
+    out = []
+    for a, b in zip([0, *change.tolist()], [*change.tolist(), len(t.vc)], strict=True):
+        if offsets[b] > offsets[a]:
+            out.append(
+                (int(t.vc[a]), int(offsets[a]), int(offsets[b]), int(voff[a]), int(soff[a]), int(goff[a]))
+            )
+    return tuple(out)
+
+
+def _build(data: bytes, layouts: tuple[tuple[int, int], ...], limits: Limits) -> _Plan:
+    """Read the prefix as the numpy decoder does (same checks) and keep what it implies."""
+    count, classes, rest = read_header(data, layouts, limits)
+    head_len = len(data) - len(rest)
+    br = BitReader(rest, "payload bit stream")
+    t = cf._read_table(br, count, classes, cf._layout_array(layouts), limits)
+    nk = t.n * t.k
+    vbytes = int((nk * cf._BYTES[t.vc]).sum())
+    if vbytes > len(rest):
+        raise cf._Bad
+    br.limit(len(rest) - vbytes)
+    entropy = (t.ic == _ENTROPY) & (t.k < t.cn)
+    groups = sorted(set(t.cn[entropy].tolist()))
+    params = {
+        c: ClassParams(*cf._params(br, fixed_width(c)), *cf._params(br, fixed_width(c))) for c in groups
+    }
+    sc = (t.vc == _INT8) | (t.vc == _SIGN1)
+    scale_params = cf._params(br, _SCALE_BMAX) if bool(sc.any()) else (0, 0)
+    end = 8 * head_len + br.pos
+    value_bits = int((nk * cf._VALUE_BITS[t.vc]).sum())
+    offsets = np.zeros(nk.size + 1, dtype=np.int64)
+    np.cumsum(nk, out=offsets[1:])
+    step = np.where((t.vc[sc] == _SIGN1) & (t.k[sc] < 16), 4, 1)
+    cut, rem = divmod(end, 8)
+    mask = (0xFF << (8 - rem)) & 0xFF if rem else 0
+    return _Plan(
+        layouts=layouts,
+        limits=limits,
+        head=bytes(data[:cut]),
+        mask=mask,
+        bits=data[cut] & mask if mask else 0,
+        min_len=head_len + max(math.ceil(value_bits / 8), vbytes + math.ceil(br.pos / 8)),
+        start=end,
+        vbytes=vbytes,
+        ids=t.ids,
+        n=t.n,
+        k=t.k,
+        cn=t.cn,
+        offsets=offsets,
+        mode=np.where(t.k == t.cn, 0, np.where(t.ic == _ENTROPY, 2, 1)),
+        grp=np.searchsorted(np.array(groups, dtype=np.int64), t.cn),
+        tables=_jit().walk_tables(tuple((c, *astuple(params[c])) for c in groups)),
+        scaled=(t.n[sc], -(-Q_MIN // step), Q_MAX // step, step),
+        scale_params=scale_params,
+        n_signs=int(nk[t.vc == _SIGN1].sum()),
+        reps=np.repeat(t.k[sc], t.n[sc]) if bool(sc.any()) else None,
+        runs=_runs(t, offsets),
+        finite_check=bool((t.vc != _SIGN1).any()),
+    )
+
+
+class _Plans:
+    """The last few plans (any layouts), most recent first; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._plans: OrderedDict[int, _Plan] = OrderedDict()
+
+    def find(self, data: bytes, layouts: Sequence[tuple[int, int]], limits: Limits) -> _Plan:
+        with self._lock:
+            plans = list(reversed(self._plans.values()))
+        key: tuple[tuple[int, int], ...] | None = None
+        for plan in plans:
+            if plan.limits is limits and plan.matches(data):
+                if key is None:
+                    key = tuple(layouts)
+                if plan.layouts == key:
+                    with self._lock:
+                        if id(plan) in self._plans:
+                            self._plans.move_to_end(id(plan))
+                    return plan
+        plan = _build(data, key if key is not None else tuple(layouts), limits)
+        with self._lock:
+            self._plans[id(plan)] = plan
+            while len(self._plans) > _PLANS_KEEP:
+                self._plans.popitem(last=False)
+        return plan
+
+
+_PLANS = _Plans()
+
+
+def _decode(plan: _Plan, data: bytes) -> FlatPayload:
+    """One payload by its plan; raises ``cf._Bad`` when the walk or the values refuse it."""
+    buf = np.frombuffer(data + _PAD, dtype=np.uint8)
+    nbits = 8 * (len(data) - plan.vbytes)
+    status, idx, perm, scales, sign_start = _jit().walk(
+        buf, nbits, plan.start, plan.n, plan.k, plan.cn, plan.mode, plan.grp, plan.tables,
+        plan.offsets, plan.scaled, plan.scale_params, plan.n_signs,
+    )  # fmt: skip
+    if status != _jit().OK:
+        raise cf._Bad
+    out = np.empty(int(plan.offsets[-1]), dtype=np.float32)
+    vstart = len(data) - plan.vbytes
+    coef = np.repeat(scales, plan.reps) if plan.reps is not None else None
+    signs = None
+    if plan.n_signs:
+        a = sign_start >> 3
+        b = (sign_start + plan.n_signs + 7) >> 3
+        signs = np.unpackbits(buf[a:b])[sign_start & 7 : (sign_start & 7) + plan.n_signs].view(bool)
+    for vc, lo, hi, voff, soff, goff in plan.runs:
+        cnt, at = hi - lo, vstart + voff
+        if vc == _FP32:
+            out[lo:hi] = np.frombuffer(data, "<f4", cnt, at)
+        elif vc == _FP16:
+            out[lo:hi] = np.frombuffer(data, "<f2", cnt, at)
+        elif vc == _BF16:
+            out[lo:hi] = (np.frombuffer(data, "<u2", cnt, at).astype(np.uint32) << 16).view(np.float32)
+        else:
+            assert coef is not None
+            sc = coef[soff : soff + cnt]
+            if vc == _SIGN1:
+                assert signs is not None
+                np.copyto(out[lo:hi], sc)
+                np.negative(sc, out=out[lo:hi], where=signs[goff : goff + cnt])
+            else:
+                with np.errstate(over="ignore"):
+                    np.multiply(np.frombuffer(data, np.int8, cnt, at), sc, out=out[lo:hi], dtype=np.float32)
+    if plan.finite_check and not bool(np.isfinite(out).all()):
+        raise cf._Bad
+    if perm is not None:
+        out = out[perm]
+    return FlatPayload(plan.ids, plan.n, plan.k, plan.cn, plan.offsets, idx, out)
+
+
+def decode_payload_flat(
+    data: bytes, layouts: Sequence[tuple[int, int]], limits: Limits = DEFAULT_LIMITS
+) -> FlatPayload:
+    """Decode a payload against ``layouts[tensor_id] = (n_chunks, chunk_numel)``, all tensors flat.
+
+    Same checks, codes and results as the reference decoder (module doc). Raises Rejected
+    (TOO_LARGE, TRUNCATED, MALFORMED, UNSUPPORTED_VERSION, LIMIT_EXCEEDED, LAYOUT_MISMATCH,
+    INDEX_OUT_OF_RANGE, DUPLICATE_INDEX, NON_FINITE_VALUE); KernelError if ``layouts`` itself is
+    out of limits. Cost: for a payload structure seen recently, one compiled pass over the bit
+    stream plus a few array copies; otherwise also the prefix's numpy decode (~0.1-0.3 ms).
+    """
+    if not HAVE_JIT:
+        return cf.decode_payload_flat(data, layouts, limits)
+    data = bytes(data)
+    try:
+        if len(data) <= limits.max_payload_bytes:
+            return _decode(_PLANS.find(data, layouts, limits), data)
+    except _REFUSED:
+        pass  # the reference decides, with its exact error
+    return cf._from_reference(decode_payload_reference(data, layouts, limits), layouts)
+
+
+def decode_payload(
+    data: bytes, layouts: Sequence[tuple[int, int]], limits: Limits = DEFAULT_LIMITS
+) -> list[DecodedTensor]:
+    """As :func:`decode_payload_flat`, per tensor (ascending id; views into one flat decode)."""
+    return decode_payload_flat(data, layouts, limits).tensors()

@@ -1,0 +1,459 @@
+"""A compiled walk over a payload's bit stream (numba): index codes, scale codes, sign bits.
+
+:mod:`coding_flat` reads the header and the class table with numpy; what follows in the bit
+stream (docs/protocol-payload.md §2 steps 5-8) is serial by nature: a gap-coded body's length
+depends on its own escapes and mantissas. In numpy that costs a few dozen operations per tensor
+and per packet, which for a model of dozens of small tensors dominated decoding a round. Here
+one compiled loop reads every index body, the scale codes and the sign bits' position in one
+pass, O(bits + coefficients) with no per-tensor interpreter work.
+
+Contract: :func:`walk` either returns what the reference decoder would (indices in ascending
+position per chunk, the permutation that moves wire-order values along, the per-chunk scales
+of INT8/SIGN1 tensors) or reports "not accepted" (status != 0) for ANY input the reference
+rejects: stream too short, unary code too long, place or escape past ``bmax``, index out of
+range, FIXED indices not strictly ascending, rank past the chunk, 2-D rank map on a 1-D chunk,
+scale code out of range, wrong length or non-zero padding. It never raises for bad input and
+never reads outside ``buf``: every read is checked against ``nbits`` first, and ``buf`` holds 4
+spare bytes past the stream for the 32-bit word reads (tests fuzz this with hostile bytes).
+The caller then lets the reference decoder name the exact rejection.
+
+``numba`` is optional: :data:`HAVE_JIT` is False without it and :mod:`coding_fast` uses the
+numpy decoder of :mod:`coding_flat`. Compiled code is cached on disk next to this module
+(``__pycache__``): the first call in a fresh checkout compiles for ~10 s (~40 s on a loaded
+2-core machine), later processes load it in ~1 s.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+import numpy as np
+
+from distronet.kernels.coding_bucket import RICE, centre_out
+from distronet.kernels.coding_index import RankMap, _rank_tables, _side, fixed_width
+from distronet.kernels.coding_values import SCALE_TABLE
+
+__all__ = ["HAVE_JIT", "OK", "walk", "walk_tables"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+try:
+    import numba
+except ImportError:  # pragma: no cover - numba is a dependency; kept optional for odd platforms
+    HAVE_JIT = False
+else:
+    HAVE_JIT = True
+
+
+def _jit(fn: F) -> F:
+    if not HAVE_JIT:  # pragma: no cover
+        return fn
+    return cast(F, numba.njit(cache=True, nogil=True, boundscheck=False)(fn))
+
+
+OK = 0
+_BAD = 1
+_LEAD_ONES = np.array([8 - (255 - b).bit_length() for b in range(256)], dtype=np.int64)
+_IDENTITY = int(RankMap.IDENTITY)
+_FALLBACK = int(RankMap.FALLBACK)
+_SCALE_BMAX = 12
+_INSERTION_MAX_K = 32  # per-chunk sorts: insertion sort up to here, heap sort above (no O(k^2) blow-up)
+
+
+@_jit
+def _bits(buf: np.ndarray, pos: int, w: int) -> int:
+    """``w`` (<= 25) bits at ``pos``, MSB-first; the caller checked ``pos + w <= nbits``."""
+    a = pos >> 3
+    word = (np.int64(buf[a]) << 24) | (np.int64(buf[a + 1]) << 16) | (np.int64(buf[a + 2]) << 8) | buf[a + 3]
+    return int((word >> (32 - (pos & 7) - w)) & ((np.int64(1) << w) - 1))
+
+
+@_jit
+def _unary(buf: np.ndarray, nbits: int, pos: int, max_value: int) -> tuple[int, int]:
+    """One unary code at ``pos``: (value, position after it); value -1 if too long or cut off.
+
+    Eight bits at a time: the leading ones of a byte come from :data:`_LEAD_ONES`.
+    """
+    v = 0
+    while pos + 8 <= nbits:
+        ones = _LEAD_ONES[_bits(buf, pos, 8)]
+        v += ones
+        if v > max_value:
+            return -1, pos
+        if ones < 8:
+            return v, pos + ones + 1
+        pos += 8
+    while pos < nbits:
+        bit = (buf[pos >> 3] >> (7 - (pos & 7))) & 1
+        pos += 1
+        if bit == 0:
+            return v, pos
+        v += 1
+        if v > max_value:
+            return -1, pos
+    return -1, pos
+
+
+@_jit
+def _prefixes(
+    buf: np.ndarray, nbits: int, fstart: int, esc: int, count: int, b0: int, w: int, bmax: int,
+    order: np.ndarray, out: np.ndarray,
+) -> int:  # fmt: skip
+    """Buckets (bucket code) or quotients (Rice) of ``count`` symbols whose fields start at
+    ``fstart`` and escapes at ``esc``; returns the position after the escapes, -1 if bad."""
+    if w == RICE:
+        top = ((1 << bmax) - 1) >> b0
+        for i in range(count):
+            q, esc = _unary(buf, nbits, esc, top)
+            if q < 0:
+                return -1
+            out[i] = q
+        return esc
+    lim = (1 << w) - 1
+    emax = max(bmax - lim, 0)
+    for i in range(count):
+        f = _bits(buf, fstart + i * w, w) if w else 0
+        if f == lim:
+            e, esc = _unary(buf, nbits, esc, emax)
+            if e < 0:
+                return -1
+            f = lim + e
+        if f > bmax:
+            return -1
+        out[i] = order[f]
+    return esc
+
+
+@_jit
+def _sort_chunk(pos: np.ndarray, src: np.ndarray, k: int) -> None:
+    """Sort ``pos[:k]`` ascending (values unique), applying the same moves to ``src[:k]``.
+
+    Insertion sort for small ``k``, heap sort above (in place, O(k log k) for any input).
+    """
+    if k <= _INSERTION_MAX_K:
+        for i in range(1, k):
+            p, s = pos[i], src[i]
+            j = i - 1
+            while j >= 0 and pos[j] > p:
+                pos[j + 1] = pos[j]
+                src[j + 1] = src[j]
+                j -= 1
+            pos[j + 1] = p
+            src[j + 1] = s
+        return
+    for start in range(k // 2 - 1, -1, -1):
+        _sift(pos, src, start, k)
+    for end in range(k - 1, 0, -1):
+        pos[0], pos[end] = pos[end], pos[0]
+        src[0], src[end] = src[end], src[0]
+        _sift(pos, src, 0, end)
+
+
+@_jit
+def _sift(pos: np.ndarray, src: np.ndarray, root: int, end: int) -> None:
+    while True:
+        child = 2 * root + 1
+        if child >= end:
+            return
+        if child + 1 < end and pos[child + 1] > pos[child]:
+            child += 1
+        if pos[root] >= pos[child]:
+            return
+        pos[root], pos[child] = pos[child], pos[root]
+        src[root], src[child] = src[child], src[root]
+        root = child
+
+
+@_jit
+def _gap_body(
+    buf: np.ndarray, nbits: int, p: int, n: int, k: int, cn: int, m: int, prm: np.ndarray,
+    orders: np.ndarray, ptab: np.ndarray, off: int, idx: np.ndarray, perm: np.ndarray,
+    pa: np.ndarray, pb: np.ndarray, cpos: np.ndarray, csrc: np.ndarray,
+) -> int:  # fmt: skip
+    """One gap-coded body (map ``m`` already read) from ``p``; returns its end, -1 if bad."""
+    b0a, wa, b0b, wb, bmax = prm[0], prm[1], prm[2], prm[3], prm[4]
+    na, nb = n, n * (k - 1)
+    fa = p
+    if wa != RICE:
+        p += na * wa
+    fb = p
+    if wb != RICE:
+        p += nb * wb
+    if p > nbits:
+        return -1
+    p = _prefixes(buf, nbits, fa, p, na, b0a, wa, bmax, orders[0], pa)
+    if p < 0:
+        return -1
+    p = _prefixes(buf, nbits, fb, p, nb, b0b, wb, bmax, orders[1], pb)
+    if p < 0:
+        return -1
+    for c in range(n):
+        r = -1
+        for j in range(k):
+            if j == 0:
+                pre, b0, rice = pa[c], b0a, wa == RICE
+            else:
+                pre, b0, rice = pb[c * (k - 1) + j - 1], b0b, wb == RICE
+            if rice:
+                width = b0
+            else:
+                width = pre - 1 if pre > 1 else 0
+            if p + width > nbits:
+                return -1
+            mant = _bits(buf, p, width)
+            p += width
+            if rice:
+                gap = (pre << b0) + mant
+            elif pre >= 1:
+                gap = (np.int64(1) << width) + mant
+            else:
+                gap = 0
+            r += 1 + gap
+            if r >= cn:
+                return -1
+            cpos[j] = ptab[m, r]
+            csrc[j] = off + c * k + j
+        if m != _IDENTITY:
+            _sort_chunk(cpos, csrc, k)
+        base = off + c * k
+        for j in range(k):
+            idx[base + j] = cpos[j]
+            perm[base + j] = csrc[j]
+    return p
+
+
+@_jit
+def _fixed_body(
+    buf: np.ndarray, nbits: int, p: int, n: int, k: int, cn: int, off: int, idx: np.ndarray, perm: np.ndarray
+) -> int:
+    """A FIXED (or fallback) body from ``p``; returns its end, -1 if bad."""
+    w = fixed_width_jit(cn)
+    if p + n * k * w > nbits:
+        return -1
+    for c in range(n):
+        prev = -1
+        for j in range(k):
+            v = _bits(buf, p, w)
+            p += w
+            if v >= cn or v <= prev:
+                return -1
+            prev = v
+            idx[off + c * k + j] = v
+            perm[off + c * k + j] = off + c * k + j
+    return p
+
+
+@_jit
+def fixed_width_jit(cn: int) -> int:
+    w, x = 0, cn - 1
+    while x > 0:
+        w += 1
+        x >>= 1
+    return w
+
+
+@_jit
+def _scales(
+    buf: np.ndarray, nbits: int, p: int, sc_n: np.ndarray, sc_lo: np.ndarray, sc_hi: np.ndarray,
+    sc_step: np.ndarray, b0: int, w: int, order: np.ndarray, table: np.ndarray, out: np.ndarray,
+) -> int:  # fmt: skip
+    """Scale symbols of every scaled chunk -> float32 scales in ``out``; returns the end, -1 if bad."""
+    count = out.size
+    pre = np.empty(count, dtype=np.int64)
+    fs = p
+    if w != RICE:
+        p += count * w
+    if p > nbits:
+        return -1
+    p = _prefixes(buf, nbits, fs, p, count, b0, w, _SCALE_BMAX, order, pre)
+    if p < 0:
+        return -1
+    code, i = 0, 0
+    for t in range(sc_n.size):
+        for _c in range(sc_n[t]):
+            b = pre[i]
+            width = b0 if w == RICE else (b - 1 if b > 1 else 0)
+            if p + width > nbits:
+                return -1
+            mant = _bits(buf, p, width)
+            p += width
+            if w == RICE:
+                sym = (b << b0) + mant
+            elif b >= 1:
+                sym = (np.int64(1) << width) + mant
+            else:
+                sym = 0
+            if sym == 0:
+                out[i] = 0.0
+            else:
+                zz = sym - 1
+                code += (zz >> 1) ^ -(zz & 1)
+                if code < sc_lo[t] or code > sc_hi[t]:
+                    return -1
+                q = code * sc_step[t]
+                out[i] = np.float32(math.ldexp(np.float64(table[q & 7]), q >> 3))
+            i += 1
+    return p
+
+
+@_jit
+def _walk(
+    buf: np.ndarray, nbits: int, p: int, n: np.ndarray, k: np.ndarray, cn: np.ndarray, mode: np.ndarray,
+    grp: np.ndarray, prm: np.ndarray, orders: np.ndarray, ptabs: np.ndarray, offsets: np.ndarray,
+    idx: np.ndarray, perm: np.ndarray, sc_n: np.ndarray, sc_lo: np.ndarray, sc_hi: np.ndarray,
+    sc_step: np.ndarray, s_b0: int, s_w: int, s_order: np.ndarray, table: np.ndarray,
+    scales: np.ndarray, n_signs: int,
+) -> tuple[int, int, bool]:  # fmt: skip
+    """Every tensor's index body, then the scales and the signs: (status, sign bits' start,
+    whether any value moved)."""
+    moved = False
+    kmax = 1
+    for t in range(n.size):
+        kmax = max(kmax, k[t])
+    cpos = np.empty(kmax, dtype=np.int64)
+    csrc = np.empty(kmax, dtype=np.int64)
+    for t in range(n.size):
+        off = offsets[t]
+        if mode[t] == 0:  # dense: positions 0..cn-1 in every chunk, values as sent
+            for i in range(n[t] * k[t]):
+                idx[off + i] = i % k[t]
+                perm[off + i] = off + i
+            continue
+        if mode[t] == 2:  # ENTROPY: a 2-bit rank map first
+            if p + 2 > nbits:
+                return _BAD, 0, moved
+            m = _bits(buf, p, 2)
+            p += 2
+            if m != _FALLBACK:
+                g = grp[t]
+                if m != _IDENTITY and prm[g, 5] == 0:
+                    return _BAD, 0, moved
+                nb = n[t] * (k[t] - 1)
+                pa = np.empty(n[t], dtype=np.int64)
+                pb = np.empty(nb, dtype=np.int64)
+                p = _gap_body(
+                    buf,
+                    nbits,
+                    p,
+                    n[t],
+                    k[t],
+                    cn[t],
+                    m,
+                    prm[g],
+                    orders[g],
+                    ptabs[g],
+                    off,
+                    idx,
+                    perm,
+                    pa,
+                    pb,
+                    cpos,
+                    csrc,
+                )
+                if p < 0:
+                    return _BAD, 0, moved
+                moved = moved or m != _IDENTITY
+                continue
+        p = _fixed_body(buf, nbits, p, n[t], k[t], cn[t], off, idx, perm)
+        if p < 0:
+            return _BAD, 0, moved
+    if scales.size:
+        p = _scales(buf, nbits, p, sc_n, sc_lo, sc_hi, sc_step, s_b0, s_w, s_order, table, scales)
+        if p < 0:
+            return _BAD, 0, moved
+    sign_start = p
+    p += n_signs
+    if p > nbits or (p + 7) // 8 * 8 != nbits:
+        return _BAD, 0, moved
+    pad = nbits - p
+    if pad and (buf[nbits // 8 - 1] & ((1 << pad) - 1)):
+        return _BAD, 0, moved
+    return OK, sign_start, moved
+
+
+@functools.lru_cache(maxsize=64)
+def _order(b0: int, bmax: int) -> np.ndarray:
+    """Place -> bucket for (b0, bmax), padded to 16 entries (places past bmax are rejected first)."""
+    out = np.zeros(16, dtype=np.int64)
+    o = centre_out(b0, bmax)
+    out[: o.size] = o
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _ptab(cn: int) -> np.ndarray:
+    """Position-of-rank tables (3, cn) of maps identity, transpose, diagonal (identity twice for a
+    chunk that is not square: those maps are refused before use)."""
+    maps = (RankMap.IDENTITY, RankMap.TRANSPOSE, RankMap.DIAGONAL)
+    if _side(cn) is None:
+        maps = (RankMap.IDENTITY,) * 3
+    return np.stack([_rank_tables(cn, m)[1] for m in maps])
+
+
+def walk_tables(
+    groups: tuple[tuple[int, int, int, int, int], ...],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(params (G, 6), place->bucket orders (G, 2, 16), rank tables (G, 3, max cn)) of entropy
+    groups ``(cn, b0_a, w_a, b0_b, w_b)``; cached per distinct tuple."""
+    return _walk_tables(groups)
+
+
+@functools.lru_cache(maxsize=64)
+def _walk_tables(
+    groups: tuple[tuple[int, int, int, int, int], ...],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    g = max(len(groups), 1)
+    width = max([c for c, *_ in groups], default=1)
+    prm = np.zeros((g, 6), dtype=np.int64)
+    orders = np.zeros((g, 2, 16), dtype=np.int64)
+    ptabs = np.zeros((g, 3, width), dtype=np.int64)
+    for i, (cn, b0a, wa, b0b, wb) in enumerate(groups):
+        bmax = fixed_width(cn)
+        prm[i] = (b0a, wa, b0b, wb, bmax, _side(cn) is not None)
+        orders[i, 0], orders[i, 1] = _order(b0a, bmax), _order(b0b, bmax)
+        ptabs[i, :, :cn] = _ptab(cn)
+    return prm, orders, ptabs
+
+
+_TABLE = SCALE_TABLE.astype(np.float32)
+
+
+def walk(
+    buf: np.ndarray,
+    nbits: int,
+    pos: int,
+    n: np.ndarray,
+    k: np.ndarray,
+    cn: np.ndarray,
+    mode: np.ndarray,
+    grp: np.ndarray,
+    tables: tuple[np.ndarray, np.ndarray, np.ndarray],
+    offsets: np.ndarray,
+    scaled: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    scale_params: tuple[int, int],
+    n_signs: int,
+) -> tuple[int, np.ndarray, np.ndarray | None, np.ndarray, int]:
+    """Walk the stream from bit ``pos``: (status, idx, perm or None, scales, sign bits' start).
+
+    Per tensor (int64 arrays): ``n``, ``k``, ``cn``, ``mode`` (0 dense, 1 FIXED, 2 ENTROPY),
+    ``grp`` (its entropy group's row in ``tables``), ``offsets`` (T + 1, output starts).
+    ``scaled``: per INT8/SIGN1 tensor (n, lowest code, highest code, step). ``idx[i]`` is output
+    slot ``i``'s position; its value is wire value ``perm[i]`` (``perm`` None: values stay in wire
+    order). Status :data:`OK` or not
+    accepted (module doc). Cost O(stream bits + coefficients), compiled.
+    """
+    total = int(offsets[-1])
+    idx = np.empty(total, dtype=np.int64)
+    perm = np.empty(total, dtype=np.int64)
+    sc_n, sc_lo, sc_hi, sc_step = scaled
+    scales = np.empty(int(sc_n.sum()), dtype=np.float32)
+    prm, orders, ptabs = tables
+    s_b0, s_w = scale_params
+    status, sign_start, moved = _walk(
+        buf, nbits, pos, n, k, cn, mode, grp, prm, orders, ptabs, offsets, idx, perm,
+        sc_n, sc_lo, sc_hi, sc_step, s_b0, s_w, _order(s_b0, _SCALE_BMAX), _TABLE, scales, n_signs,
+    )  # fmt: skip
+    return int(status), idx, perm if moved else None, scales, int(sign_start)

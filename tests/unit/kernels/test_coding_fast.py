@@ -1,0 +1,153 @@
+"""The planned, compiled payload decoder (coding_fast + coding_jit) against the reference decoder."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from distronet.kernels import coding_fast, coding_flat
+from distronet.kernels.coding import (
+    EncodedTensor,
+    IndexCoding,
+    ValueCoding,
+    decode_payload,
+    decode_payload_reference,
+    encode_payload,
+    encode_tensor,
+)
+from distronet.protocol.errors import Rejected
+from distronet.protocol.limits import DEFAULT_LIMITS
+
+pytestmark = pytest.mark.skipif(not coding_fast.HAVE_JIT, reason="numba is not installed")
+
+CHUNKS = [1, 7, 9, 49, 64, 256, 4096]
+Layouts = list[tuple[int, int]]
+
+
+def _tensors(rng: np.random.Generator, layouts: Layouts, codings: dict[int, tuple[int, int, int]]) -> bytes:
+    """A payload over ``layouts``; ``codings[tid] = (value coding, index coding, k)`` (absent: skipped)."""
+    coded: list[EncodedTensor] = []
+    for tid, (vc, ic, k) in codings.items():
+        n, cn = layouts[tid]
+        weight = (1.0 + np.arange(cn)) if rng.random() < 0.5 else np.ones(cn)
+        idx = np.sort(np.argsort(rng.random((n, cn)) * weight, axis=1)[:, :k], axis=1).astype(np.int64)
+        val = (rng.standard_normal((n, k)) * 10.0 ** rng.uniform(-6, 1, (n, 1))).astype(np.float32)
+        if rng.random() < 0.05:
+            val[:] = 0
+        coded.append(encode_tensor(tid, idx, val, cn, ValueCoding(vc), IndexCoding(ic))[0])
+    return encode_payload(coded)
+
+
+def _structure(rng: np.random.Generator) -> tuple[Layouts, dict[int, tuple[int, int, int]]]:
+    layouts = [(int(rng.integers(1, 9)), int(rng.choice(CHUNKS))) for _ in range(int(rng.integers(1, 12)))]
+    codings = {}
+    for tid, (_n, cn) in enumerate(layouts):
+        if rng.random() < 0.3:
+            continue
+        k = min(cn, int(rng.choice([1, 2, 4, 32, cn])))
+        codings[tid] = (int(rng.integers(1, 6)), int(rng.integers(1, 3)), k)
+    while len({c for c in codings.values()}) > 15:
+        codings.pop(next(iter(codings)))
+    return layouts, codings
+
+
+def _compiled_only(data: bytes, layouts: Layouts) -> coding_flat.FlatPayload | None:
+    """The planned path itself, no fallback (None where it refuses)."""
+    try:
+        return coding_fast._decode(coding_fast._PLANS.find(data, layouts, DEFAULT_LIMITS), data)
+    except Exception:
+        return None
+
+
+def _same(a: list, b: list) -> bool:  # type: ignore[type-arg]
+    return len(a) == len(b) and all(
+        x.tensor_id == y.tensor_id and np.array_equal(x.idx, y.idx) and x.val.tobytes() == y.val.tobytes()
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+def _check(data: bytes, layouts: Layouts) -> bool:
+    """The compiled path and the public decoder agree with the reference; True if it accepts."""
+    try:
+        ref: list | None = decode_payload_reference(data, layouts)  # type: ignore[type-arg]
+        code = None
+    except Rejected as e:
+        ref, code = None, e.code
+    fast = _compiled_only(data, layouts)
+    if ref is None:
+        assert fast is None, f"the compiled path accepted a payload the reference rejects ({code})"
+        with pytest.raises(Rejected) as info:
+            decode_payload(data, layouts)
+        assert info.value.code == code
+        return False
+    assert fast is not None and _same(fast.tensors(), ref)  # it accepts every valid payload itself
+    assert _same(decode_payload(data, layouts), ref)
+    return True
+
+
+def _mutate(rng: np.random.Generator, data: bytes, after: int) -> bytes:
+    """1-3 bit flips, truncations or inserted bytes, at or after byte ``after``."""
+    d = bytearray(data)
+    for _ in range(int(rng.integers(1, 4))):
+        op, lo = int(rng.integers(0, 3)), min(after, len(d))
+        if op == 0 and len(d) > lo:
+            d[int(rng.integers(lo, len(d)))] ^= 1 << int(rng.integers(0, 8))
+        elif op == 1 and len(d) > lo + 1:
+            del d[int(rng.integers(lo, len(d))) :]
+        else:
+            d.insert(int(rng.integers(lo, len(d) + 1)), int(rng.integers(0, 256)))
+    return bytes(d)
+
+
+def test_compiled_path_equals_reference_on_valid_and_mutated_payloads() -> None:
+    """Several payloads per structure (so plans are reused), each mutated anywhere and in its body."""
+    rng = np.random.default_rng(11)
+    for _ in range(30):
+        layouts, codings = _structure(rng)
+        for _ in range(3):
+            data = _tensors(rng, layouts, codings)
+            assert _check(data, layouts)
+            head = len(coding_fast._PLANS.find(data, layouts, DEFAULT_LIMITS).head)
+            for _ in range(6):
+                _check(_mutate(rng, data, 0), layouts)
+                _check(_mutate(rng, data, head), layouts)  # same prefix: the cached plan is used
+
+
+def test_plan_is_reused_and_length_checked() -> None:
+    rng = np.random.default_rng(3)
+    layouts = [(4, 4096), (3, 64), (2, 64)]
+    codings = {0: (5, 2, 32), 1: (4, 2, 4), 2: (1, 1, 8)}
+    a, b = (_tensors(rng, layouts, codings) for _ in range(2))
+    pa = coding_fast._PLANS.find(a, layouts, DEFAULT_LIMITS)
+    if pa.matches(b):  # same prefix bits: one plan for both
+        assert coding_fast._PLANS.find(b, layouts, DEFAULT_LIMITS) is pa
+    for cut in range(1, len(a)):  # every truncation: rejected exactly as the reference does
+        _check(a[:cut], layouts)
+    assert _check(a, [*layouts, (1, 16)])  # other layouts: another plan, same result
+
+
+def test_falls_back_to_numpy_without_numba(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(5)
+    layouts, codings = [(3, 64), (2, 4096)], {0: (2, 2, 4), 1: (5, 1, 32)}
+    data = _tensors(rng, layouts, codings)
+    want = decode_payload(data, layouts)
+    monkeypatch.setattr(coding_fast, "HAVE_JIT", False)
+    assert _same(coding_fast.decode_payload(data, layouts), want)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    edits=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=4),
+)
+def test_hypothesis_edits_agree_with_reference(seed: int, edits: list[tuple[int, int]]) -> None:
+    """Byte overwrites anywhere in a valid payload: same verdict and bits as the reference."""
+    rng = np.random.default_rng(seed)
+    layouts, codings = _structure(rng)
+    data = bytearray(_tensors(rng, layouts, codings))
+    for at, byte in edits:
+        if data:
+            data[at % len(data)] = byte
+    _check(bytes(data), layouts)

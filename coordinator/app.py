@@ -17,12 +17,13 @@ import gc
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from multidict import CIMultiDict
 
 from distronet.coordinator import handlers
 from distronet.coordinator.auth import (
@@ -80,11 +81,16 @@ class Route:
 
 @dataclass(slots=True)
 class Ctx:
-    """What the pipeline hands an operation."""
+    """What the pipeline hands an operation: the request, its path parameters (``run_id``,
+    ``unit``, ...), its validated body and the authenticated peer (signed routes)."""
 
-    request: web.Request
+    request: web.BaseRequest
+    params: Mapping[str, str]
     body: dict[str, Any]
     peer: str | None
+
+
+Pipeline = Callable[[web.BaseRequest, Mapping[str, str]], Awaitable[web.StreamResponse]]
 
 
 R = Route
@@ -171,10 +177,12 @@ def _parse_json(body: bytes) -> Any:
         raise ApiError(ApiErrorCode.MALFORMED, "body is not valid JSON (UTF-8, no NaN/Infinity)") from None
 
 
+_JSON_HEADERS: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json"})  # copied per use
+
+
 def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(
-        body=_ENCODE(obj).encode(), status=status, content_type="application/json", headers=headers
-    )
+    h = _JSON_HEADERS if headers is None else CIMultiDict(_JSON_HEADERS, **headers)
+    return web.Response(body=_ENCODE(obj).encode(), status=status, headers=h)
 
 
 class CoordinatorApp:
@@ -200,8 +208,10 @@ class CoordinatorApp:
         self.fatal = asyncio.Event()
         self._sweeper: asyncio.Task[None] | None = None
         self.web = web.Application(client_max_size=cfg.operator_body_limit, middlewares=[self._errors])
+        self.pipelines: dict[str, Pipeline] = {}
         for r in ROUTES:
-            self.web.router.add_route(r.method, r.full_path, self._wrap(r), name=r.name)
+            self.pipelines[r.name] = self._wrap(r)
+            self.web.router.add_route(r.method, r.full_path, _routed(self.pipelines[r.name]), name=r.name)
         add_dashboard_routes(self.web)
         self.web.on_shutdown.append(self._on_shutdown)
         self.web.on_cleanup.append(self._on_cleanup)
@@ -268,10 +278,16 @@ class CoordinatorApp:
     async def _errors(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        route = request.match_info.route.name or "unmatched"
+        return await self.guarded(request.match_info.route.name or "unmatched", request, handler(request))
+
+    async def guarded(
+        self, route: str, request: web.BaseRequest, call: Awaitable[web.StreamResponse]
+    ) -> web.StreamResponse:
+        """Await ``call`` (the handling of ``request`` on ``route``); every error becomes a typed
+        JSON answer (nothing unexpected a bare 500), and the request is counted in the metrics."""
         t0 = time.perf_counter()
         try:
-            resp = await handler(request)
+            resp = await call
         except ApiError as e:
             resp = json_response(e.body(), e.code.http_status, _retry_after(e))
         except web.HTTPException as e:
@@ -292,12 +308,12 @@ class CoordinatorApp:
         self.metrics.observe(route, resp.status, time.perf_counter() - t0)
         return resp
 
-    def _wrap(self, r: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    def _wrap(self, r: Route) -> Pipeline:
         op = getattr(handlers, r.name)
         limit = self.cfg.node_body_limit if r.limit == "node" else self.cfg.operator_body_limit
         is_post = r.method == "POST"
 
-        async def handle(request: web.Request) -> web.StreamResponse:
+        async def handle(request: web.BaseRequest, params: Mapping[str, str]) -> web.StreamResponse:
             if self.closing:
                 raise ApiError(ApiErrorCode.UNAVAILABLE, "the coordinator is shutting down; retry shortly")
             cl = request.content_length
@@ -312,7 +328,7 @@ class CoordinatorApp:
                     h = parse_mac(
                         hdrs,
                         self.sessions,
-                        run_id=request.match_info.get("run_id"),
+                        run_id=params.get("run_id"),
                         skew_s=self.cfg.clock_skew_s,
                         not_before_ms=self.started_ms,
                         now=now,
@@ -351,7 +367,7 @@ class CoordinatorApp:
                 ):
                     raise ApiError(ApiErrorCode.UNSUPPORTED_MEDIA, "send the body as application/json")
                 parsed = r.schema.validate(_parse_json(body))
-            result = op(self, Ctx(request, parsed, peer))
+            result = op(self, Ctx(request, params, parsed, peer))
             if r.raw:
                 return await result  # type: ignore[no-any-return]
             status, obj = result
@@ -367,7 +383,7 @@ class CoordinatorApp:
             raise ApiError(ApiErrorCode.RATE_LIMITED, f"too many requests; retry in {wait:.2f} s")
 
     @staticmethod
-    async def _read(request: web.Request, limit: int) -> bytes:
+    async def _read(request: web.BaseRequest, limit: int) -> bytes:
         content = request.content
         if content.is_eof():  # the whole body has arrived already (small bodies): no await
             body = content.read_nowait()
@@ -385,6 +401,15 @@ class CoordinatorApp:
         base = Path(root).resolve()
         p = (base / rel).resolve()
         return p if p.is_relative_to(base) and p.is_file() else None
+
+
+def _routed(pipeline: Pipeline) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """The aiohttp handler of a route: its pipeline with the router's path parameters."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await pipeline(request, request.match_info)
+
+    return handler
 
 
 def _retry_after(e: ApiError) -> dict[str, str] | None:

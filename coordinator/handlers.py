@@ -24,11 +24,11 @@ SSE_KEEPALIVE_S = 15.0
 
 
 def _run_id(ctx: Ctx) -> str:
-    return ctx.request.match_info["run_id"]
+    return ctx.params["run_id"]
 
 
 def _unit(ctx: Ctx) -> int:
-    raw = ctx.request.match_info["unit"]
+    raw = ctx.params["unit"]
     if not (0 < len(raw) <= 12 and raw.isdigit()):
         raise ApiError(ApiErrorCode.NOT_FOUND, "a unit is a non-negative integer")
     return int(raw)
@@ -72,7 +72,7 @@ def join_tokens(app: CoordinatorApp, ctx: Ctx) -> Result:
 
 def evict(app: CoordinatorApp, ctx: Ctx) -> Result:
     run = app.svc.run(_run_id(ctx))
-    node = app.svc.evict(run, ctx.request.match_info["peer_id"], ctx.body["reason"])
+    node = app.svc.evict(run, ctx.params["peer_id"], ctx.body["reason"])
     return 200, node.public()
 
 
@@ -158,7 +158,7 @@ async def metrics(app: CoordinatorApp, ctx: Ctx) -> web.StreamResponse:
 
 async def shard(app: CoordinatorApp, ctx: Ctx) -> web.StreamResponse:
     run = app.svc.run(_run_id(ctx))
-    sid = ctx.request.match_info["shard_id"]
+    sid = ctx.params["shard_id"]
     idx = run.shard_index.get(sid)
     if idx is None:
         raise ApiError(ApiErrorCode.NOT_FOUND, f"no shard {sid[:64]!r} in run {run.id}")

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from distronet.coordinator.app import CoordinatorApp
 from distronet.coordinator.config import CoordinatorConfig
+from distronet.coordinator.fastpath import install_fast_path
 
 __all__ = ["LocalCoordinator", "local_coordinator"]
 
@@ -37,6 +38,7 @@ async def local_coordinator(
         app.web, access_log=None, handle_signals=False, shutdown_timeout=cfg.shutdown_timeout_s
     )
     await runner.setup()
+    install_fast_path(runner, app)
     try:
         site = web.TCPSite(runner, cfg.host, port)
         await site.start()

@@ -6,7 +6,8 @@ loopback port, SQLite in a temporary folder) unless ``--url`` names a running on
 timed. Then requests are *scheduled* at ``--rate`` per second (open loop, so a slow server
 cannot hide its latency by slowing the generator) over ``--concurrency`` keep-alive
 connections, each a freshly authenticated node call: heartbeat (renews the peer's leases),
-lease, or complete (of a lease the peer holds). Latency runs from the scheduled time to the
+lease, or complete (of a lease the peer holds); every answer is checked
+(:mod:`distronet.node.bench.coordinator_load`). Latency runs from the scheduled time to the
 last byte of the answer.
 
 ``--auth session`` (default, what the node's client library does): each simulated node opens
@@ -21,16 +22,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from distronet.node.bench.coordinator_load import LoadStats, Peer, run_load
 from distronet.node.exitcodes import ExitCode
 
 __all__ = ["add_parser", "run_bench"]
@@ -80,60 +82,6 @@ def _main(args: argparse.Namespace) -> int:
         for k, v in result.items():
             print(f"{k:>22}: {v}")
     return int(ExitCode.OK)
-
-
-class RawConn:
-    """A minimal HTTP/1.1 keep-alive client: the generator must cost less than the server."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-
-    async def request(
-        self, method: str, path: str, headers: dict[str, str], body: bytes
-    ) -> tuple[int, bytes]:
-        if self.writer is None or self.writer.is_closing():
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        assert self.reader is not None
-        head = [f"{method} {path} HTTP/1.1", f"Host: {self.host}", f"Content-Length: {len(body)}"]
-        head += [f"{k}: {v}" for k, v in headers.items()]
-        self.writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
-        line = await self.reader.readline()
-        status = int(line.split(b" ", 2)[1])
-        length = 0
-        close = False
-        while True:
-            h = await self.reader.readline()
-            if h in (b"\r\n", b""):
-                break
-            k, _, v = h.partition(b":")
-            k = k.strip().lower()
-            if k == b"content-length":
-                length = int(v)
-            elif k == b"connection" and v.strip().lower() == b"close":
-                close = True
-        data = await self.reader.readexactly(length) if length else b""
-        if close:
-            self.writer.close()
-            self.writer = None
-        return status, data
-
-
-@dataclass
-class Peer:
-    ident: Any
-    held: list[dict[str, Any]] = field(default_factory=list)
-    session: Any = None  # SessionKey under --auth session
-
-
-@dataclass
-class Stats:
-    lat: list[float] = field(default_factory=list)
-    ok: int = 0
-    errors: int = 0
-    codes: dict[str, int] = field(default_factory=dict)
-    kinds: dict[str, int] = field(default_factory=dict)
 
 
 async def _start_server(args: argparse.Namespace, tmp: str) -> tuple[subprocess.Popen[bytes], str]:
@@ -230,92 +178,18 @@ async def _open_session(s: Any, url: str, run_id: str, p: Peer) -> None:
     p.session = SessionKey(peer, ans["session_id"], key)
 
 
-async def _load(url: str, run_id: str, peers: list[Peer], args: argparse.Namespace, seconds: float) -> Stats:
-    from distronet.protocol.coordinator_api import sign_request
-    from distronet.protocol.coordinator_session import mac_headers
-
-    host, port = url.split("//")[1].split(":")
-    conns = [RawConn(host, int(port)) for _ in range(args.concurrency)]
-    queue: asyncio.Queue[float | None] = asyncio.Queue()
-    stats = Stats()
-    counter = [0]
-    base = f"/api/v1/runs/{run_id}"
-
-    def auth(p: Peer, path: str, body: bytes) -> dict[str, str]:
-        if p.session is not None:
-            h = mac_headers(p.session, "POST", path, body)
-        else:
-            h = sign_request(p.ident, "POST", path, body)
-        h["Content-Type"] = "application/json"
-        return h
-
-    # Under --auth signature, pre-sign the heartbeats and leases of this phase (the generator
-    # must not be the bottleneck; completions need a lease token from an answer, so they are
-    # signed on the fly). Session MACs are cheap: computed at send time.
-    planned: list[tuple[str, str, bytes, dict[str, str] | None, Peer]] = []
-    for i in range(int(args.rate * seconds * 1.05) + 16):
-        p = peers[i % len(peers)]
-        obj: dict[str, Any]
-        if (i // len(peers)) % 2:
-            kind, path, obj = "lease", f"{base}/leases", {"want": 1}
-        else:
-            kind, path, obj = "heartbeat", f"{base}/heartbeat", {"step": i, "loss": 2.0}
-        body = json.dumps(obj).encode()
-        planned.append((kind, path, body, None if p.session is not None else auth(p, path, body), p))
-
-    def next_call() -> tuple[str, str, bytes, dict[str, str], Peer]:
-        i = counter[0]
-        counter[0] += 1
-        kind, path, body, headers, p = planned[i % len(planned)]
-        if kind == "lease" and p.held:
-            lease = p.held.pop(0)
-            path = f"{base}/leases/{lease['unit']}/complete"
-            body = json.dumps({"lease_token": lease["lease_token"]}).encode()
-            return "complete", path, body, auth(p, path, body), p
-        return kind, path, body, headers if headers is not None else auth(p, path, body), p
-
-    async def worker(conn: RawConn) -> None:
-        while True:
-            scheduled = await queue.get()
-            if scheduled is None:
-                return
-            kind, path, body, headers, p = next_call()
-            try:
-                status, data = await conn.request("POST", path, headers, body)
-            except (OSError, asyncio.IncompleteReadError, ValueError) as e:
-                stats.errors += 1
-                stats.codes[type(e).__name__] = stats.codes.get(type(e).__name__, 0) + 1
-                conn.writer = None
-                continue
-            stats.lat.append(time.perf_counter() - scheduled)
-            stats.kinds[kind] = stats.kinds.get(kind, 0) + 1
-            if status == 200:
-                stats.ok += 1
-                if kind == "lease":
-                    p.held.extend(json.loads(data)["leases"])
-            else:
-                stats.errors += 1
-                stats.codes[str(status)] = stats.codes.get(str(status), 0) + 1
-
-    workers = [asyncio.create_task(worker(c)) for c in conns]
-    t0 = time.perf_counter()
-    sent = 0
-    while True:
-        now = time.perf_counter()
-        if now - t0 >= seconds:
-            break
-        due = int((now - t0) * args.rate)
-        while sent < due:
-            queue.put_nowait(t0 + sent / args.rate)
-            sent += 1
-        await asyncio.sleep(0.002)
-    for _ in workers:
-        queue.put_nowait(None)
-    await asyncio.gather(*workers)
-    for c in conns:
-        if c.writer is not None:
-            c.writer.close()
-    return stats
+async def _load(
+    url: str, run_id: str, peers: list[Peer], args: argparse.Namespace, seconds: float
+) -> LoadStats:
+    """One phase of load with the cyclic GC paused: the generator's own collections would show
+    up as the server's latency (its per-request garbage is acyclic and freed by refcounting)."""
+    gc.disable()
+    try:
+        return await run_load(
+            url, run_id, peers, rate=args.rate, seconds=seconds, concurrency=args.concurrency, auth=args.auth
+        )
+    finally:
+        gc.enable()
 
 
 def _verify_us() -> float:
@@ -353,8 +227,12 @@ def _cpu_seconds(proc: subprocess.Popen[bytes] | None) -> tuple[float, float, fl
     return user, system, mu + ms
 
 
-async def _commit_stats(url: str) -> tuple[float, float, float]:
-    """(group commits, seconds in them, rows) so far, from the coordinator's /metrics."""
+_HOT = ('route="heartbeat"', 'route="lease"', 'route="complete"')
+
+
+async def _server_stats(url: str) -> list[float]:
+    """From the coordinator's /metrics, so far: [group commits, seconds in them, rows,
+    heartbeat/lease/complete requests, those of them handled within 50 ms]."""
     import aiohttp
 
     want = {
@@ -362,13 +240,18 @@ async def _commit_stats(url: str) -> tuple[float, float, float]:
         "distro_coordinator_commit_seconds_sum": 1,
         "distro_coordinator_commit_rows_sum": 2,
     }
-    out = [0.0, 0.0, 0.0]
+    out = [0.0] * 5
     async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as r:
         for line in (await r.text()).splitlines():
-            name, _, value = line.partition(" ")
+            name, _, value = line.rpartition(" ")
             if name in want:
                 out[want[name]] = float(value)
-    return out[0], out[1], out[2]
+            elif name.startswith("distro_coordinator_request_seconds") and any(h in name for h in _HOT):
+                if name.startswith("distro_coordinator_request_seconds_count"):
+                    out[3] += float(value)
+                elif 'le="0.05"' in name:
+                    out[4] += float(value)
+    return out
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -389,11 +272,13 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 proc, url = await _start_server(args, tmp)
             run_id = f"bench-{os.getpid()}-{int(time.time())}"
             peers = await _setup(url, args, run_id)
+            gc.collect()
+            gc.freeze()  # setup's objects (identities, sessions, clients) never need a collection
             if args.warmup > 0:
                 await _load(url, run_id, peers, args, args.warmup)
             verify_us = _verify_us()
             load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-            commits0 = await _commit_stats(url)
+            commits0 = await _server_stats(url)
             cpu0 = _cpu_seconds(proc)
             own0 = time.process_time()
             t0 = time.perf_counter()
@@ -403,8 +288,9 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             user, system, main = (b - a for a, b in zip(cpu0, cpu1, strict=True))
             cpu = user + system
             own = time.process_time() - own0
-            commits = [b - a for a, b in zip(commits0, await _commit_stats(url), strict=True)]
+            commits = [b - a for a, b in zip(commits0, await _server_stats(url), strict=True)]
         finally:
+            gc.unfreeze()
             if proc is not None:
                 proc.terminate()
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -422,6 +308,8 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         "p90_ms": round(_pct(st.lat, 0.90) * 1000, 2),
         "p99_ms": round(p99, 2),
         "max_ms": round(max(st.lat, default=float("nan")) * 1000, 2),
+        "send_lag_p99_ms": round(_pct(st.send_lag, 0.99) * 1000, 2),
+        "server_over_50ms": int(commits[3] - commits[4]),
         "errors": st.errors,
         "error_codes": st.codes,
         "mix": st.kinds,

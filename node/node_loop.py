@@ -10,6 +10,7 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from distronet.node.coordinator_client import CoordinatorClientError
@@ -19,6 +20,7 @@ from distronet.node.node_parts import bootstrap_addrs
 from distronet.node.status import StatusLine
 from distronet.node.swarm.errors import SwarmError
 from distronet.node.swarm.exchange import FellBehind
+from distronet.node.sync import StateSnapshot
 from distronet.node.trainer import StepResult
 from distronet.protocol.identity import peer_id_to_b58
 
@@ -133,7 +135,7 @@ async def _one_step(node: Node) -> StepResult | None:
         stop.cancel()
 
 
-def _account(node: Node, res: StepResult, wall: float, up0: int, down0: int) -> None:
+def _account(node: Node, res: StepResult, wall: float, up0: int, down0: int, digest: str) -> None:
     s, m, stats = node.status, node.metrics, node.exchange.stats
     s.step, s.loss = res.step, res.loss
     if s.first_step < 0:
@@ -155,7 +157,6 @@ def _account(node: Node, res: StepResult, wall: float, up0: int, down0: int) -> 
         s.warmup_heard = node.core.warmup_heard
     if node.client is not None:
         s.pending_reports = node.client.pending
-    digest = node.trainer.digest()
     s.record_digest(res.step, digest)
     m.steps.inc()
     m.step.set(res.step)
@@ -176,10 +177,14 @@ async def drift_check(node: Node) -> None:
     from distronet.node.swarm.statesync import ask_manifest
 
     assert node.swarm is not None
-    mine = node.offered.get(node.step)
+    assert node.donor is not None
     peers = list(set(await node.swarm.gossip.topic_peers(node.swarm.topic)))
-    if mine is None or not peers:
+    if not peers:
         return
+    own = await node.donor.current()  # our offer at node.step, built now (it was offered lazily)
+    if own is None or own.step != node.step:
+        return
+    mine = own.sha256
     offers = await asyncio.gather(*(ask_manifest(node.swarm, p, 5.0) for p in peers))
     same_step = [m.sha256 for m in offers if m is not None and m.step == node.step]
     if not same_step:
@@ -217,11 +222,27 @@ async def _resync(node: Node, err: Exception) -> None:
         )
 
 
+def _snapshot(node: Node, snapshot: StateSnapshot) -> tuple[Callable[[], bytes], str]:
+    build = snapshot.take(node.step, node.trainer.model, node.optimizer)
+    return build, snapshot.param_digest()
+
+
+async def _offer(node: Node, snapshot: StateSnapshot) -> str:
+    """Offer our state at ``node.step`` to newcomers and resyncing peers: one copy of it now
+    (off the loop), serialised and hashed only if a peer asks (``StateDonor.offer_lazy``).
+    Returns the parameter digest of that state (one sha256 pass over the copy)."""
+    build, digest = await asyncio.to_thread(_snapshot, node, snapshot)
+    if node.donor is not None:
+        node.donor.offer_lazy(node.step, build)
+    return digest
+
+
 async def train(node: Node) -> None:
     """Train until a stop request, ``max_steps`` or ``max_seconds``; checkpoint every K steps and at
     the end; complete each shard once it has been read through and lease the next."""
     tc = node.cfg.train
     line = _line(node)
+    snapshot = StateSnapshot()
     started = time.monotonic()
     await node.next_shard()
     try:
@@ -244,8 +265,8 @@ async def train(node: Node) -> None:
             if res is None:
                 return
             node.step = res.step + 1
-            _account(node, res, max(time.monotonic() - t0, 1e-6), up0, down0)
-            await node.offer_state()
+            digest = await _offer(node, snapshot)
+            _account(node, res, max(time.monotonic() - t0, 1e-6), up0, down0, digest)
             # A newcomer's first packets race rounds the others may have decided already; the
             # exchange can then hand it another accepted set. Checking right after a catch-up
             # (and every drift_every steps) finds that and adopts the swarm's state again.

@@ -62,11 +62,12 @@ class ContentStore:
         self._items: OrderedDict[bytes, tuple[int, bytes]] = OrderedDict()
         self.total_bytes = 0
 
-    def put(self, data: bytes, step: int) -> bytes:
-        """Store ``data`` for ``step``; return its sha256. Raises ValueError if it alone is over the cap."""
+    def put(self, data: bytes, step: int, *, digest: bytes | None = None) -> bytes:
+        """Store ``data`` for ``step``; return its sha256 (``digest``: already computed by the
+        caller, trusted). Raises ValueError if it alone is over the cap."""
         if len(data) > self.max_total_bytes:
             raise ValueError(f"{len(data)} bytes exceed the store's {self.max_total_bytes}-byte cap")
-        digest = hashlib.sha256(data).digest()
+        digest = digest or hashlib.sha256(data).digest()
         if digest in self._items:
             return digest
         while self.total_bytes + len(data) > self.max_total_bytes:

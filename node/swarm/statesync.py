@@ -1,13 +1,15 @@
 """Newcomer state sync: a state blob fetched from several donors in verified chunks, resumably.
 
-A donor ``offer``s a serialised state (parameters + the step they belong to) as fixed-size
-chunks in its own content store, served over their own pull protocol, and answers manifest
-requests on ``STATE_MANIFEST_PROTOCOL`` with a signed :class:`StateManifest` (step, size, sha256
-of the whole blob and of each chunk). A newcomer :func:`fetch_state`\\ s: it asks every candidate
-donor for its manifest, picks the newest step and the root hash most donors agree on, then
-pulls the chunks spread over those donors (at most ``per_donor`` chunks in flight at each, so no
-donor is overloaded), retrying a failed chunk at another donor. Every chunk is hash-checked and,
-with a ``cache_dir``, written there as soon as it verifies, so a restarted fetch resumes.
+A donor ``offer``s a serialised state (parameters + the step they belong to) as fixed-size chunks
+in its own content store (or ``offer_lazy``: only a builder of the blob, serialised, hashed and
+signed when the first peer asks for it; a node snapshots every step, peers ask rarely), served
+over their own pull protocol, and answers manifest requests on ``STATE_MANIFEST_PROTOCOL`` with a
+signed :class:`StateManifest` (step, size, sha256 of the whole blob and of each chunk). A newcomer
+:func:`fetch_state`\\ s: it asks every candidate donor for its manifest, picks the newest step and
+the root hash most donors agree on, then pulls the chunks spread over those donors (at most
+``per_donor`` chunks in flight at each, so no donor is overloaded), retrying a failed chunk at
+another donor. Every chunk is hash-checked and, with a ``cache_dir``, written there as soon as it
+verifies, so a restarted fetch resumes.
 
 Manifest wire: request ``b"DNS1"``; response ``u8 status (0 ok, 1 none) | u32 len | msgpack``
 with ``v, run, step, size, sha, chunk, chunks[list of sha256], peer, sig`` (Ed25519 by ``peer``).
@@ -114,12 +116,52 @@ def _open_manifest(data: bytes, run_id: str, sender: PeerID) -> StateManifest:
     return StateManifest(run_id, step, size, m["sha"], chunk, tuple(chunks), m["peer"], m["sig"])
 
 
-class StateDonor:
-    """Serves this node's latest state to newcomers. Build with :meth:`create`; call :meth:`offer`."""
+def _retrieve(fut: asyncio.Future[None]) -> None:
+    """Mark a background build's failure as seen (its waiters got it, or had given up)."""
+    if not fut.cancelled():
+        fut.exception()
 
-    def __init__(self, swarm: Swarm, puller: Puller) -> None:
+
+@dataclass(frozen=True)
+class _Prepared:
+    """An offer hashed and signed, not yet installed in the store."""
+
+    manifest: StateManifest
+    packed: bytes
+    parts: tuple[tuple[bytes, bytes], ...]  # (sha256, chunk bytes)
+
+
+def _prepare(ident: Identity, run: str, step: int, blob: bytes, chunk_bytes: int) -> _Prepared:
+    """Chunk, hash and sign ``blob`` (pure: safe in a worker thread). Raises ValueError."""
+    if not blob or -(-len(blob) // chunk_bytes) > MAX_CHUNKS:
+        raise ValueError(f"state of {len(blob)} bytes does not fit {MAX_CHUNKS} chunks of {chunk_bytes}")
+    view = memoryview(blob)
+    parts = tuple(
+        (hashlib.sha256(view[o : o + chunk_bytes]).digest(), blob[o : o + chunk_bytes])
+        for o in range(0, len(blob), chunk_bytes)
+    )
+    chunks = [d for d, _ in parts]
+    sha = hashlib.sha256(blob).digest()
+    sig = ident.sign(_signing_bytes(run, step, len(blob), sha, chunk_bytes, chunks))
+    body = {"v": 1, "run": run, "step": step, "size": len(blob), "sha": sha, "chunk": chunk_bytes,
+            "chunks": chunks, "peer": ident.peer_id, "sig": sig}  # fmt: skip
+    manifest = StateManifest(run, step, len(blob), sha, chunk_bytes, tuple(chunks), ident.peer_id, sig)
+    return _Prepared(manifest, msgpack.packb(body, use_bin_type=True), parts)
+
+
+class StateDonor:
+    """Serves this node's latest state to newcomers. Build with :meth:`create`; call :meth:`offer`
+    or :meth:`offer_lazy`. Use from the event loop's thread only."""
+
+    def __init__(self, swarm: Swarm, puller: Puller, *, chunk_bytes: int = 4 * 2**20, keep: int = 2) -> None:
         self.swarm, self.puller = swarm, puller
+        self.chunk_bytes, self.keep = chunk_bytes, max(keep, 1)
         self._manifest: bytes | None = None
+        self._current: StateManifest | None = None
+        self._installed: list[int] = []  # steps of the offers whose chunks are in the store, oldest first
+        self._pending: tuple[int, Callable[[], bytes]] | None = None
+        self._building: asyncio.Future[None] | None = None
+        self.built = 0  # lazy offers serialised and hashed (tests, metrics)
 
     @classmethod
     async def create(cls, swarm: Swarm, *, max_bytes: int = 8 * 2**30) -> StateDonor:
@@ -130,29 +172,61 @@ class StateDonor:
         await swarm.host.p2p.add_binary_stream_handler(STATE_MANIFEST_PROTOCOL, self._serve_manifest)
         return self
 
-    def offer(self, step: int, blob: bytes, *, chunk_bytes: int = 4 * 2**20, keep: int = 2) -> StateManifest:
-        """Offer ``blob`` of ``step`` from now on (cost: one sha256 pass). The chunks of the
-        previous offers of the last ``keep`` steps stay servable, so a newcomer that read the
-        manifest just before this call can still fetch it (memory: up to ``keep`` states)."""
-        if not blob or -(-len(blob) // chunk_bytes) > MAX_CHUNKS:
-            raise ValueError(f"state of {len(blob)} bytes does not fit {MAX_CHUNKS} chunks of {chunk_bytes}")
+    def offer(self, step: int, blob: bytes, *, chunk_bytes: int | None = None) -> StateManifest:
+        """Offer ``blob`` of ``step`` from now on (cost: two sha256 passes). The chunks of the last
+        ``keep`` offers stay servable, so a newcomer that read the manifest just before this call
+        can still fetch it (memory: up to ``keep`` states). Raises ValueError for an empty blob."""
+        self._pending = None
         ident: Identity = self.swarm.identity
-        store = self.puller.store
-        store.evict_before(step - max(keep, 1) + 1)
-        chunks = [store.put(blob[o : o + chunk_bytes], step) for o in range(0, len(blob), chunk_bytes)]
-        sha = hashlib.sha256(blob).digest()
-        run = self.swarm.run_id
-        sig = ident.sign(_signing_bytes(run, step, len(blob), sha, chunk_bytes, chunks))
-        body = {"v": 1, "run": run, "step": step, "size": len(blob), "sha": sha, "chunk": chunk_bytes,
-                "chunks": chunks, "peer": ident.peer_id, "sig": sig}  # fmt: skip
-        self._manifest = msgpack.packb(body, use_bin_type=True)
-        return StateManifest(run, step, len(blob), sha, chunk_bytes, tuple(chunks), ident.peer_id, sig)
+        return self._install(_prepare(ident, self.swarm.run_id, step, blob, chunk_bytes or self.chunk_bytes))
+
+    def offer_lazy(self, step: int, build: Callable[[], bytes]) -> None:
+        """Offer the state of ``step`` that ``build()`` returns, without building it now: the first
+        manifest request (or :meth:`current`) builds, hashes and signs it. ``build`` runs on the
+        event loop's thread and must stay valid until the next ``offer_lazy`` call. Cost: none."""
+        self._pending = (step, build)
+
+    async def current(self) -> StateManifest | None:
+        """The manifest of the newest state offered (a lazy offer is built now: one blob copy on
+        the loop, hashing and signing in a worker thread); None before any offer.
+
+        Raises what ``build`` raises; ValueError for an empty blob.
+        """
+        if self._pending is not None:
+            if self._building is None or self._building.done():
+                step, build = self._pending
+                self._building = asyncio.ensure_future(self._build(step, build))
+                self._building.add_done_callback(_retrieve)
+            await asyncio.shield(self._building)
+        return self._current
+
+    async def _build(self, step: int, build: Callable[[], bytes]) -> None:
+        blob = build()  # on the loop: the snapshot cannot be overwritten while it is read
+        ident: Identity = self.swarm.identity
+        prepared = await asyncio.to_thread(_prepare, ident, self.swarm.run_id, step, blob, self.chunk_bytes)
+        if self._pending is not None and self._pending[0] == step:
+            self._pending = None
+        if self._current is None or self._current.step <= step:
+            self._install(prepared)
+            self.built += 1
+
+    def _install(self, prepared: _Prepared) -> StateManifest:
+        step, store = prepared.manifest.step, self.puller.store
+        older = [s for s in self._installed if s != step]
+        self._installed = [*(older[-(self.keep - 1) :] if self.keep > 1 else []), step]
+        store.evict_before(min(self._installed))
+        for digest, data in prepared.parts:
+            store.put(data, step, digest=digest)
+        self._manifest, self._current = prepared.packed, prepared.manifest
+        return prepared.manifest
 
     async def _serve_manifest(
         self, _i: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         try:
             if await asyncio.wait_for(reader.readexactly(4), 10.0) == b"DNS1":
+                with contextlib.suppress(Exception):  # a snapshot that cannot be built: offer none
+                    await asyncio.wait_for(self.current(), 10.0)
                 m = self._manifest
                 writer.write(b"\x01" + bytes(4) if m is None else b"\x00" + struct.pack(">I", len(m)) + m)
                 await asyncio.wait_for(writer.drain(), 30.0)

@@ -15,7 +15,7 @@ from distronet.node.swarm.errors import PullError
 from distronet.node.swarm.membership import MembershipConfig
 from distronet.node.swarm.p2p import SwarmConfig
 from distronet.node.swarm.stack import Swarm
-from distronet.node.swarm.statesync import NoNewerState, StateDonor, describe, fetch_state
+from distronet.node.swarm.statesync import NoNewerState, StateDonor, ask_manifest, describe, fetch_state
 from distronet.protocol.identity import Identity
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]
@@ -113,3 +113,31 @@ async def test_nothing_newer_is_decided_from_the_manifests_alone(
     assert (da.puller.served, db.puller.served) == served  # not one chunk downloaded
     manifest, _ = await fetch_state(c, [a.host.peer_id, b.host.peer_id], timeout=30.0, newer_than=10)
     assert manifest.step == 11
+
+
+async def test_a_lazy_offer_is_built_once_on_the_first_request_and_fetched(
+    cluster: tuple[list[Swarm], list[StateDonor]],
+) -> None:
+    (a, b, c), (da, db) = cluster
+    calls: list[int] = []
+    newer = os.urandom(3 * CHUNK + 5)
+
+    def build() -> bytes:
+        calls.append(1)
+        return newer
+
+    da.chunk_bytes = db.chunk_bytes = CHUNK
+    built = da.built
+    da.offer_lazy(20, build)
+    db.offer_lazy(20, build)
+    assert calls == []  # offering costs nothing until a peer asks
+    manifest, blob = await fetch_state(c, [a.host.peer_id, b.host.peer_id], timeout=60.0, newer_than=19)
+    assert blob == newer and manifest.step == 20
+    assert len(calls) == 2 and da.built == built + 1  # one build per donor, however many asks
+    mine = await da.current()
+    assert mine is not None and mine.sha256 == hashlib.sha256(newer).digest() and len(calls) == 2
+    da.offer_lazy(21, lambda: (_ for _ in ()).throw(RuntimeError("overwritten")))
+    with pytest.raises(RuntimeError):
+        await da.current()
+    old = await ask_manifest(c, a.host.peer_id, 10.0)
+    assert old is not None and old.step == 20  # a snapshot that cannot be built: the last good offer

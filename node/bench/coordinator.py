@@ -232,7 +232,7 @@ _HOT = ('route="heartbeat"', 'route="lease"', 'route="complete"')
 
 async def _server_stats(url: str) -> list[float]:
     """From the coordinator's /metrics, so far: [group commits, seconds in them, rows,
-    heartbeat/lease/complete requests, those of them handled within 50 ms]."""
+    heartbeat/lease/complete requests, those of them handled within 50 ms, commits within 20 ms]."""
     import aiohttp
 
     want = {
@@ -240,12 +240,14 @@ async def _server_stats(url: str) -> list[float]:
         "distro_coordinator_commit_seconds_sum": 1,
         "distro_coordinator_commit_rows_sum": 2,
     }
-    out = [0.0] * 5
+    out = [0.0] * 6
     async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as r:
         for line in (await r.text()).splitlines():
             name, _, value = line.rpartition(" ")
             if name in want:
                 out[want[name]] = float(value)
+            elif name == 'distro_coordinator_commit_seconds_bucket{le="0.02"}':
+                out[5] = float(value)
             elif name.startswith("distro_coordinator_request_seconds") and any(h in name for h in _HOT):
                 if name.startswith("distro_coordinator_request_seconds_count"):
                     out[3] += float(value)
@@ -321,6 +323,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         "commits": int(commits[0]),
         "commit_ms_mean": round(commits[1] / commits[0] * 1000, 2) if commits[0] else None,
         "rows_per_commit": round(commits[2] / commits[0], 1) if commits[0] else None,
+        "commits_over_20ms": int(commits[0] - commits[5]),
         "load_average_1m": round(load, 2),
         "peers": len(peers),
         "concurrency": args.concurrency,

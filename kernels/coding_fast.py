@@ -1,8 +1,9 @@
 """The payload decoder's fast path: a cached plan per payload structure plus a compiled walk.
 
 Packets of one run share their structure: the same tensors at the same k and codings, so the
-same header, class table, tensor table and bucket-code parameters (docs/protocol-payload.md
-§2 steps 1-4). Everything the decoder derives from that prefix (offsets, value sections,
+same header, class table and tensor table (docs/protocol-payload.md §2 steps 1-2; the bucket-code
+parameters of steps 3-4 are each encoder's own choice and are read per packet). Everything the
+decoder derives from that prefix (offsets, value sections,
 per-tensor modes, rank tables, scale ranges, limit checks) is computed once, kept in a
 :class:`_Plan` keyed by the prefix's exact bits, and reused for every payload that starts with
 the same bits and is long enough for the prefix's length checks to pass as they did. What
@@ -28,15 +29,16 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from types import ModuleType
 
 import numpy as np
 
 from distronet.kernels import coding_flat as cf
 from distronet.kernels.coding_bits import BitReader
+from distronet.kernels.coding_bucket import check_params
 from distronet.kernels.coding_flat import FlatPayload
-from distronet.kernels.coding_index import ClassParams, fixed_width
+from distronet.kernels.coding_index import fixed_width
 from distronet.kernels.coding_locate import Short
 from distronet.kernels.coding_payload import _SCALE_BMAX, DecodedTensor, decode_payload_reference, read_header
 from distronet.kernels.coding_values import Q_MAX, Q_MIN
@@ -71,7 +73,9 @@ class _Plan:
     mask: int  # high bits of the next byte that still belong to the prefix
     bits: int
     min_len: int
-    start: int  # bit where the index bodies start (from the payload's first byte)
+    params_at: int  # bit where the bucket-code parameters start (from the payload's first byte)
+    groups: tuple[tuple[int, int], ...]  # (chunk size, bmax) of each entropy group, ascending
+    has_scales: bool
     vbytes: int
     ids: np.ndarray
     n: np.ndarray
@@ -80,9 +84,7 @@ class _Plan:
     offsets: np.ndarray
     mode: np.ndarray
     grp: np.ndarray
-    tables: tuple[np.ndarray, np.ndarray, np.ndarray]
     scaled: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-    scale_params: tuple[int, int]
     n_signs: int
     reps: np.ndarray | None  # coefficients per scaled chunk (to spread the scales)
     runs: tuple[
@@ -131,11 +133,7 @@ def _build(data: bytes, layouts: tuple[tuple[int, int], ...], limits: Limits) ->
     br.limit(len(rest) - vbytes)
     entropy = (t.ic == _ENTROPY) & (t.k < t.cn)
     groups = sorted(set(t.cn[entropy].tolist()))
-    params = {
-        c: ClassParams(*cf._params(br, fixed_width(c)), *cf._params(br, fixed_width(c))) for c in groups
-    }
     sc = (t.vc == _INT8) | (t.vc == _SIGN1)
-    scale_params = cf._params(br, _SCALE_BMAX) if bool(sc.any()) else (0, 0)
     end = 8 * head_len + br.pos
     value_bits = int((nk * cf._VALUE_BITS[t.vc]).sum())
     offsets = np.zeros(nk.size + 1, dtype=np.int64)
@@ -150,7 +148,9 @@ def _build(data: bytes, layouts: tuple[tuple[int, int], ...], limits: Limits) ->
         mask=mask,
         bits=data[cut] & mask if mask else 0,
         min_len=head_len + max(math.ceil(value_bits / 8), vbytes + math.ceil(br.pos / 8)),
-        start=end,
+        params_at=end,
+        groups=tuple((c, fixed_width(c)) for c in groups),
+        has_scales=bool(sc.any()),
         vbytes=vbytes,
         ids=t.ids,
         n=t.n,
@@ -159,9 +159,7 @@ def _build(data: bytes, layouts: tuple[tuple[int, int], ...], limits: Limits) ->
         offsets=offsets,
         mode=np.where(t.k == t.cn, 0, np.where(t.ic == _ENTROPY, 2, 1)),
         grp=np.searchsorted(np.array(groups, dtype=np.int64), t.cn),
-        tables=_jit().walk_tables(tuple((c, *astuple(params[c])) for c in groups)),
         scaled=(t.n[sc], -(-Q_MIN // step), Q_MAX // step, step),
-        scale_params=scale_params,
         n_signs=int(nk[t.vc == _SIGN1].sum()),
         reps=np.repeat(t.k[sc], t.n[sc]) if bool(sc.any()) else None,
         runs=_runs(t, offsets),
@@ -200,13 +198,43 @@ class _Plans:
 _PLANS = _Plans()
 
 
+def _params(
+    plan: _Plan, data: bytes, nbits: int
+) -> tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray], tuple[int, int]]:
+    """This payload's bucket-code parameters (they differ between peers: each encoder picks its
+    own): (bit after them, the walk's tables, scale parameters). Raises as the reference does."""
+    at = plan.params_at
+    end = at + 14 * len(plan.groups) + (7 if plan.has_scales else 0)
+    if end > nbits:
+        raise cf._Bad
+    a = at >> 3
+    b = (end + 7) >> 3
+    x = int.from_bytes(data[a:b], "big") >> (8 * b - end)
+    left = end - at
+    keys = []
+    for cn, bmax in plan.groups:
+        left -= 14
+        v = (x >> left) & 0x3FFF
+        b0a, wa, b0b, wb = v >> 10, (v >> 7) & 7, (v >> 3) & 15, v & 7
+        check_params(b0a, wa, bmax, "payload bit stream")
+        check_params(b0b, wb, bmax, "payload bit stream")
+        keys.append((cn, b0a, wa, b0b, wb))
+    scale = (0, 0)
+    if plan.has_scales:
+        v = x & 0x7F
+        scale = (v >> 3, v & 7)
+        check_params(*scale, _SCALE_BMAX, "payload bit stream")
+    return end, _jit().walk_tables(tuple(keys)), scale
+
+
 def _decode(plan: _Plan, data: bytes) -> FlatPayload:
     """One payload by its plan; raises ``cf._Bad`` when the walk or the values refuse it."""
-    buf = np.frombuffer(data + _PAD, dtype=np.uint8)
     nbits = 8 * (len(data) - plan.vbytes)
+    start, tables, scale_params = _params(plan, data, nbits)
+    buf = np.frombuffer(data + _PAD, dtype=np.uint8)
     status, idx, perm, scales, sign_start = _jit().walk(
-        buf, nbits, plan.start, plan.n, plan.k, plan.cn, plan.mode, plan.grp, plan.tables,
-        plan.offsets, plan.scaled, plan.scale_params, plan.n_signs,
+        buf, nbits, start, plan.n, plan.k, plan.cn, plan.mode, plan.grp, tables,
+        plan.offsets, plan.scaled, scale_params, plan.n_signs,
     )  # fmt: skip
     if status != _jit().OK:
         raise cf._Bad

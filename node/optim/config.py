@@ -63,6 +63,11 @@ class DistroConfig:
     the update in flight, ``overlap_predict`` says which: ``"last"`` (the previous update) or
     ``"own"`` (the rule applied to this peer's own packet for that step) or ``"ema"`` (a running
     mean of the applied updates with factor ``overlap_ema``).
+
+    Outer momentum (``outer_momentum`` μ > 0): every replica keeps the same buffer of the mean
+    aggregates, ``M ← μ·M + D`` (replicated state, parameter shape), and the update rule is
+    applied to ``M`` — or, with ``outer_nesterov``, to ``D + μ·M`` — instead of ``D``. At small
+    k each round's aggregate is sparse and noisy; ``M`` carries it across rounds.
     """
 
     lr: float = 1e-3
@@ -87,6 +92,8 @@ class DistroConfig:
     overlap_lookahead: bool = True
     overlap_predict: str = "last"
     overlap_ema: float = 0.9
+    outer_momentum: float = 0.0
+    outer_nesterov: bool = False
     ns_steps: int = 5
     beta2: float = 0.99
     adam_eps: float = 1e-8
@@ -112,6 +119,7 @@ class DistroConfig:
         )
         _check(0.0 <= self.overlap_ema < 1.0, f"overlap_ema must be in [0, 1), got {self.overlap_ema}")
         _check(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        _check(0.0 <= self.outer_momentum < 1.0, f"outer_momentum not in [0, 1): {self.outer_momentum}")
         _check(1 <= self.ns_steps <= 20, f"ns_steps must be in [1, 20], got {self.ns_steps}")
         _check(self.eps > 0 and self.adam_eps > 0, "eps and adam_eps must be > 0")
         _check(0.0 <= self.beta2 < 1.0, f"beta2 must be in [0, 1), got {self.beta2}")

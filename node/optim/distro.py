@@ -232,12 +232,25 @@ class DistroOptimizer(torch.optim.Optimizer):
             d = decode_sum(plan.layout, parts, dtype=torch.float32, device=p.device).div_(len(dec.peers))
             shared[(tid, "d")] = d
         key = (tid, "u")
+        if self.cfg.outer_momentum:  # the rule reads this replica's outer buffer: not shared
+            return self._direction(plan, p, self._outer(p, d)).to(p.dtype)
         if self._rule_for(plan) is UpdateRule.ADAM:  # per-replica state: not shared
             return self._direction(plan, p, d).to(p.dtype)
         u = shared.get(key)
         if u is None:
             u = shared[key] = self._direction(plan, p, d).to(p.dtype)
         return u
+
+    def _outer(self, p: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        """Outer momentum: ``M ← μ·M + D`` (replicated state ``"outer"``, parameter shape); returns
+        ``M``, or ``D + μ·M`` with ``outer_nesterov``. ``d`` is not modified (it may be shared)."""
+        mu, st = self.cfg.outer_momentum, self.state[p]
+        buf = st.get("outer")
+        if buf is None:
+            buf = st["outer"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+        buf.mul_(mu).add_(d.reshape(p.shape))
+        out: torch.Tensor = d.reshape(p.shape) + mu * buf if self.cfg.outer_nesterov else buf
+        return out
 
     def _ema(self, p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """Overlap lookahead ``"ema"``: the running mean of the applied updates (replicated state,

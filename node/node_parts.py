@@ -4,6 +4,7 @@
 - :func:`optimizer_config` / :func:`exchange_config`  the run's ``[optimizer]`` / ``[exchange]``.
 - :func:`start_swarm`  p2pd + DHT membership + gossip, bootstrapped from the coordinator's peers.
 - :class:`ShardFeed`  batches from the leased shard; knows when a shard is done.
+- :func:`no_dynamo_for_optimizers`  a node never compiles: skip TorchDynamo's lazy import.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ __all__ = [
     "ShardFeed",
     "exchange_config",
     "load_identity",
+    "no_dynamo_for_optimizers",
     "optimizer_config",
     "peer_index",
     "start_swarm",
@@ -120,6 +122,24 @@ async def start_swarm(
         except SwarmError as e:
             log.warning("no bootstrap peer answered (%s); starting alone", e)
     return await Swarm.start(identity, swarm_cfg(()), members, bandwidth=bw)
+
+
+def no_dynamo_for_optimizers() -> None:
+    """Let ``torch.optim.Optimizer``'s ``add_param_group``, ``zero_grad``, ``state_dict`` and
+    ``load_state_dict`` run as plain functions in this process.
+
+    torch wraps them in ``torch._disable_dynamo``, which imports TorchDynamo (sympy, inductor
+    config, DTensor, ...) on the first call — about 2 CPU-s at every node start, spent only to
+    keep ``torch.compile`` from tracing them. The node never compiles, so each wrapper is given
+    its own function as the "disabled" version, which the wrapper caches and calls from then on.
+    Idempotent; a torch without these wrappers is left as it is.
+    """
+    import torch
+
+    for name in ("add_param_group", "zero_grad", "state_dict", "load_state_dict"):
+        fn = getattr(getattr(torch.optim.Optimizer, name, None), "__wrapped__", None)
+        if fn is not None and getattr(fn, "__dynamo_disable", None) is None:
+            fn.__dynamo_disable = fn
 
 
 def peer_index(peer_id: bytes) -> int:

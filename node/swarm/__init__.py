@@ -17,9 +17,12 @@ Parts (each usable alone; :class:`~distronet.node.swarm.stack.Swarm` starts them
 
 p2pd / hivemind quirks learned building this (hivemind 1.1.12, its bundled p2pd):
 
-- ``import hivemind`` imports torch and ``hivemind.moe``, which trips torch's
-  ``torch.jit.script`` DeprecationWarning (an error under our pytest settings) and takes
-  seconds; this package imports hivemind once with that one warning silenced.
+- ``import hivemind`` imports torch, ``hivemind.moe``, ``hivemind.averaging`` and
+  ``hivemind.optim`` (scipy, ...), which trips torch's ``torch.jit.script`` DeprecationWarning
+  (an error under our pytest settings) and takes seconds. We use only ``hivemind.p2p``,
+  ``hivemind.dht`` and ``hivemind.utils``: this package registers the ``hivemind`` package
+  without running its ``__init__`` (about 1 CPU-s less at every node start), and runs it, with
+  that one warning silenced, the first time anything asks the package for a top-level name.
 - ``P2P.create`` builds p2pd's flags in the static ``_make_process_args``; a subclass that adds
   ``-pubsub`` there works (one daemon serves hivemind's DHT, our streams and gossipsub). The
   subclass is made per start so flags (``-metricsAddr``, gossipsub heartbeat) are not global.
@@ -57,8 +60,40 @@ p2pd / hivemind quirks learned building this (hivemind 1.1.12, its bundled p2pd)
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 import warnings
+from typing import Any
 
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*", category=DeprecationWarning)
-    import hivemind  # noqa: F401  (imported once here, with its import-time warning silenced)
+
+def _full_init(spec: Any, pkg: Any) -> None:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*", category=DeprecationWarning)
+        spec.loader.exec_module(pkg)
+
+
+def _register_hivemind() -> None:
+    """``hivemind`` in ``sys.modules`` with its ``__init__`` deferred (see the quirks above)."""
+    if "hivemind" in sys.modules:
+        return
+    spec = importlib.util.find_spec("hivemind")
+    if spec is None or spec.loader is None or not spec.submodule_search_locations:
+        _full_init(spec, None)  # pragma: no cover  (no hivemind: the import below fails clearly)
+        return
+    pkg = importlib.util.module_from_spec(spec)
+
+    def __getattr__(name: str) -> Any:  # PEP 562: runs only for a name the module lacks
+        if name.startswith("__"):
+            raise AttributeError(name)
+        sub = sys.modules.get(f"hivemind.{name}")
+        if sub is not None:  # a submodule still being imported (``import hivemind.a.b as c``)
+            return sub
+        del pkg.__dict__["__getattr__"]
+        _full_init(spec, pkg)
+        return getattr(pkg, name)
+
+    pkg.__getattr__ = __getattr__  # type: ignore[method-assign]
+    sys.modules["hivemind"] = pkg
+
+
+_register_hivemind()

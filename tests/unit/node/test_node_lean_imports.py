@@ -1,0 +1,50 @@
+"""A node process imports only what it uses: hivemind's used parts, no TorchDynamo."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+SCRIPT = """
+import sys, warnings
+warnings.simplefilter("error")
+import distronet.node.swarm.stack
+assert "hivemind.moe" not in sys.modules and "hivemind.averaging" not in sys.modules, "eager"
+assert "scipy" not in sys.modules, "scipy"
+import hivemind
+from hivemind.p2p import PeerID
+assert hivemind.p2p.PeerID is PeerID
+assert hivemind.DHT.__name__ == "DHT" and "hivemind.averaging" in sys.modules  # the full package now
+print("ok", hivemind.__version__)
+"""
+
+
+def test_hivemind_init_is_deferred_until_a_top_level_name_is_used() -> None:
+    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("ok 1.")
+
+
+DYNAMO = """
+import sys
+import torch
+from distronet.node.node_parts import no_dynamo_for_optimizers
+no_dynamo_for_optimizers()
+no_dynamo_for_optimizers()
+p = torch.nn.Parameter(torch.ones(3))
+opt = torch.optim.SGD([p], lr=0.5)  # (SGD.step itself imports dynamo; DistroOptimizer's does not)
+opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))], "lr": 0.1})
+p.grad = torch.ones(3)
+opt.state[p]["v"] = torch.ones(3)
+opt.zero_grad()
+state = opt.state_dict()
+opt.load_state_dict(state)
+assert p.grad is None and len(opt.param_groups) == 2 and torch.equal(opt.state[p]["v"], torch.ones(3))
+print("dynamo imported:", "torch._dynamo" in sys.modules)
+"""
+
+
+def test_optimizers_work_without_importing_dynamo() -> None:
+    out = subprocess.run([sys.executable, "-c", DYNAMO], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "dynamo imported: False"

@@ -56,6 +56,8 @@ def _jit(fn: F) -> F:
 
 OK = 0
 _BAD = 1
+_WIDTH = np.array([max(b - 1, 0) for b in range(16)], dtype=np.int64)  # mantissa bits of bucket b
+_BASE = np.array([(1 << (b - 1)) if b else 0 for b in range(16)], dtype=np.int64)  # its smallest symbol
 _LEAD_ONES = np.array([8 - (255 - b).bit_length() for b in range(256)], dtype=np.int64)
 _IDENTITY = int(RankMap.IDENTITY)
 _FALLBACK = int(RankMap.FALLBACK)
@@ -64,11 +66,24 @@ _INSERTION_MAX_K = 32  # per-chunk sorts: insertion sort up to here, heap sort a
 
 
 @_jit
-def _bits(buf: np.ndarray, pos: int, w: int) -> int:
-    """``w`` (<= 25) bits at ``pos``, MSB-first; the caller checked ``pos + w <= nbits``."""
-    a = pos >> 3
-    word = (np.int64(buf[a]) << 24) | (np.int64(buf[a + 1]) << 16) | (np.int64(buf[a + 2]) << 8) | buf[a + 3]
-    return int((word >> (32 - (pos & 7) - w)) & ((np.int64(1) << w) - 1))
+def _bits(words: np.ndarray, pos: int, w: int) -> int:
+    """``w`` (<= 25) bits at ``pos``, MSB-first; the caller checked ``pos + w <= nbits``.
+
+    ``words[i]`` is the big-endian 32-bit word starting at byte ``i`` (:func:`_words`).
+    """
+    return int((words[pos >> 3] >> (32 - (pos & 7) - w)) & ((np.int64(1) << w) - 1))
+
+
+@_jit
+def _words(buf: np.ndarray, nbits: int) -> np.ndarray:
+    """The big-endian 32-bit word at every byte of the stream (``buf`` has 4 spare bytes)."""
+    size = (nbits + 7) >> 3
+    out = np.empty(size + 1, dtype=np.int64)
+    for i in range(size + 1):
+        out[i] = (
+            (np.int64(buf[i]) << 24) | (np.int64(buf[i + 1]) << 16) | (np.int64(buf[i + 2]) << 8) | buf[i + 3]
+        )
+    return out
 
 
 @_jit
@@ -87,7 +102,7 @@ def _unary(buf: np.ndarray, nbits: int, pos: int, max_value: int) -> tuple[int, 
             return v, pos + ones + 1
         pos += 8
     while pos < nbits:
-        bit = (buf[pos >> 3] >> (7 - (pos & 7))) & 1
+        bit = (buf[pos >> 3] >> (31 - (pos & 7))) & 1
         pos += 1
         if bit == 0:
             return v, pos
@@ -174,7 +189,8 @@ def _gap_body(
     pa: np.ndarray, pb: np.ndarray, cpos: np.ndarray, csrc: np.ndarray,
 ) -> int:  # fmt: skip
     """One gap-coded body (map ``m`` already read) from ``p``; returns its end, -1 if bad."""
-    b0a, wa, b0b, wb, bmax = prm[0], prm[1], prm[2], prm[3], prm[4]
+    b0a, wa, b0b, wb, bmax, side = prm[0], prm[1], prm[2], prm[3], prm[4], prm[5]
+    cnt = np.empty(side + 1, dtype=np.int64)
     na, nb = n, n * (k - 1)
     fa = p
     if wa != RICE:
@@ -190,39 +206,64 @@ def _gap_body(
     p = _prefixes(buf, nbits, fb, p, nb, b0b, wb, bmax, orders[1], pb)
     if p < 0:
         return -1
+    rice_a, rice_b = wa == RICE, wb == RICE
     for c in range(n):
-        r = -1
-        for j in range(k):
-            if j == 0:
-                pre, b0, rice = pa[c], b0a, wa == RICE
-            else:
-                pre, b0, rice = pb[c * (k - 1) + j - 1], b0b, wb == RICE
-            if rice:
-                width = b0
-            else:
-                width = pre - 1 if pre > 1 else 0
+        pre = pa[c]
+        width = b0a if rice_a else _WIDTH[pre]
+        if p + width > nbits:
+            return -1
+        r = (pre << b0a) + _bits(buf, p, width) if rice_a else _BASE[pre] + _bits(buf, p, width)
+        p += width
+        if r >= cn:
+            return -1
+        cpos[0] = ptab[m, r]
+        csrc[0] = off + c * k
+        q = c * (k - 1) - 1
+        for j in range(1, k):
+            pre = pb[q + j]
+            width = b0b if rice_b else _WIDTH[pre]
             if p + width > nbits:
                 return -1
             mant = _bits(buf, p, width)
             p += width
-            if rice:
-                gap = (pre << b0) + mant
-            elif pre >= 1:
-                gap = (np.int64(1) << width) + mant
-            else:
-                gap = 0
-            r += 1 + gap
+            r += 1 + ((pre << b0b) + mant if rice_b else _BASE[pre] + mant)
             if r >= cn:
                 return -1
             cpos[j] = ptab[m, r]
             csrc[j] = off + c * k + j
+        base = off + c * k
+        if m != _IDENTITY and k * k > 8 * (side + k):
+            _row_sort(cpos, csrc, k, side, cnt, idx, perm, base)
+            continue
         if m != _IDENTITY:
             _sort_chunk(cpos, csrc, k)
-        base = off + c * k
         for j in range(k):
             idx[base + j] = cpos[j]
             perm[base + j] = csrc[j]
     return p
+
+
+@_jit
+def _row_sort(
+    pos: np.ndarray, src: np.ndarray, k: int, side: int, cnt: np.ndarray, idx: np.ndarray, perm: np.ndarray,
+    base: int,
+) -> None:  # fmt: skip
+    """Write ``pos[:k]`` ascending (and ``src`` alongside) to ``idx/perm[base:]``: a stable
+    counting sort by block row ``u = pos // side``. Exact for the transpose and diagonal maps:
+    along ascending ranks, the positions of any one row arrive with ascending column (rank
+    order is (v, u) for transpose and (u + v, u) for diagonal). O(k + side)."""
+    for u in range(side + 1):
+        cnt[u] = 0
+    for j in range(k):
+        cnt[pos[j] // side + 1] += 1
+    for u in range(side):
+        cnt[u + 1] += cnt[u]
+    for j in range(k):
+        u = pos[j] // side
+        at = base + cnt[u]
+        cnt[u] += 1
+        idx[at] = pos[j]
+        perm[at] = src[j]
 
 
 @_jit
@@ -310,6 +351,7 @@ def _walk(
     """Every tensor's index body, then the scales and the signs: (status, sign bits' start,
     whether any value moved)."""
     moved = False
+    words = _words(buf, nbits)
     kmax = 1
     for t in range(n.size):
         kmax = max(kmax, k[t])
@@ -325,7 +367,7 @@ def _walk(
         if mode[t] == 2:  # ENTROPY: a 2-bit rank map first
             if p + 2 > nbits:
                 return _BAD, 0, moved
-            m = _bits(buf, p, 2)
+            m = _bits(words, p, 2)
             p += 2
             if m != _FALLBACK:
                 g = grp[t]
@@ -335,7 +377,7 @@ def _walk(
                 pa = np.empty(n[t], dtype=np.int64)
                 pb = np.empty(nb, dtype=np.int64)
                 p = _gap_body(
-                    buf,
+                    words,
                     nbits,
                     p,
                     n[t],
@@ -357,11 +399,11 @@ def _walk(
                     return _BAD, 0, moved
                 moved = moved or m != _IDENTITY
                 continue
-        p = _fixed_body(buf, nbits, p, n[t], k[t], cn[t], off, idx, perm)
+        p = _fixed_body(words, nbits, p, n[t], k[t], cn[t], off, idx, perm)
         if p < 0:
             return _BAD, 0, moved
     if scales.size:
-        p = _scales(buf, nbits, p, sc_n, sc_lo, sc_hi, sc_step, s_b0, s_w, s_order, table, scales)
+        p = _scales(words, nbits, p, sc_n, sc_lo, sc_hi, sc_step, s_b0, s_w, s_order, table, scales)
         if p < 0:
             return _BAD, 0, moved
     sign_start = p
@@ -396,8 +438,8 @@ def _ptab(cn: int) -> np.ndarray:
 def walk_tables(
     groups: tuple[tuple[int, int, int, int, int], ...],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(params (G, 6), place->bucket orders (G, 2, 16), rank tables (G, 3, max cn)) of entropy
-    groups ``(cn, b0_a, w_a, b0_b, w_b)``; cached per distinct tuple."""
+    """(params (G, 6): b0_a, w_a, b0_b, w_b, bmax, side or 0; place->bucket orders (G, 2, 16);
+    rank tables (G, 3, max cn)) of entropy groups ``(cn, b0_a, w_a, b0_b, w_b)``; cached."""
     return _walk_tables(groups)
 
 
@@ -412,7 +454,7 @@ def _walk_tables(
     ptabs = np.zeros((g, 3, width), dtype=np.int64)
     for i, (cn, b0a, wa, b0b, wb) in enumerate(groups):
         bmax = fixed_width(cn)
-        prm[i] = (b0a, wa, b0b, wb, bmax, _side(cn) is not None)
+        prm[i] = (b0a, wa, b0b, wb, bmax, _side(cn) or 0)
         orders[i, 0], orders[i, 1] = _order(b0a, bmax), _order(b0b, bmax)
         ptabs[i, :, :cn] = _ptab(cn)
     return prm, orders, ptabs

@@ -150,3 +150,7 @@ def test_hypothesis_edits_agree_with_reference(seed: int, edits: list[tuple[int,
         if data:
             data[at % len(data)] = byte
     _check(bytes(data), layouts)
+
+
+def test_warm_compiles_the_walk() -> None:
+    assert coding_fast.warm() is True

@@ -83,9 +83,10 @@ def _main(args: argparse.Namespace) -> int:
         level=cfg.observe.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("hivemind").setLevel(logging.WARNING)
-    from distronet.node.node_parts import no_dynamo_for_optimizers
+    from distronet.node.node_parts import no_dynamo_for_optimizers, warm_decoder
 
     no_dynamo_for_optimizers()  # ~2 CPU-s less before the first step (a newcomer's start)
+    warm_decoder()
     try:
         return asyncio.run(run_node(cfg))
     except ConfigError as e:

@@ -5,13 +5,16 @@
 - :func:`start_swarm`  p2pd + DHT membership + gossip, bootstrapped from the coordinator's peers.
 - :class:`ShardFeed`  batches from the leased shard; knows when a shard is done.
 - :func:`no_dynamo_for_optimizers`  a node never compiles: skip TorchDynamo's lazy import.
+- :func:`warm_decoder`  import the payload decoder's JIT module while start-up waits on the network.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +41,7 @@ __all__ = [
     "optimizer_config",
     "peer_index",
     "start_swarm",
+    "warm_decoder",
 ]
 
 log = logging.getLogger(__name__)
@@ -140,6 +144,25 @@ def no_dynamo_for_optimizers() -> None:
         fn = getattr(getattr(torch.optim.Optimizer, name, None), "__wrapped__", None)
         if fn is not None and getattr(fn, "__dynamo_disable", None) is None:
             fn.__dynamo_disable = fn
+
+
+def _import_decoder_jit() -> None:
+    try:
+        importlib.import_module("distronet.kernels.coding_jit")
+    except Exception as e:  # no numba: the decoder falls back to numpy on its own
+        log.debug("payload decoder JIT not imported ahead: %s", e)
+
+
+def warm_decoder() -> threading.Thread:
+    """Import the payload decoder's numba module (numba itself: ~1 CPU-s) in a daemon thread.
+
+    The first step decodes the peers' packets and would import it then; started before the
+    coordinator calls and p2pd's start, the import runs while those wait on the network (the
+    GIL is free then), so a newcomer is in step sooner. Returns the thread (tests join it).
+    """
+    t = threading.Thread(target=_import_decoder_jit, name="warm-decoder", daemon=True)
+    t.start()
+    return t
 
 
 def peer_index(peer_id: bytes) -> int:

@@ -48,3 +48,14 @@ def test_optimizers_work_without_importing_dynamo() -> None:
     out = subprocess.run([sys.executable, "-c", DYNAMO], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "dynamo imported: False"
+
+
+def test_the_decoder_jit_is_imported_ahead_in_the_background() -> None:
+    script = (
+        "import sys\nfrom distronet.node.node_parts import warm_decoder\n"
+        "t = warm_decoder(); t.join(120)\n"
+        "print(not t.is_alive(), 'distronet.kernels.coding_jit' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=150)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "True"]

@@ -8,9 +8,13 @@ Steps (seeded: which nodes die and when is drawn from ``random.Random(SEED)``):
  2. two nodes chosen by the seed are SIGKILLed, a seeded 0-1 s apart (mid-step: steps are
     sub-second, so a kill lands inside one); the coordinator's API shows the shard units they held;
  3. the 2 survivors keep stepping (5 more steps within a deadline);
- 4. a newcomer starts; it has caught up (its step is at least the survivors' step at its start)
-    from the survivors' state within ``NEWCOMER_S`` of its process starting (the time taken is
-    printed: ``newcomer_in_step_s``);
+ 4. a newcomer starts and is *in step* within ``NEWCOMER_S`` of its process starting (the time
+    taken is printed: ``newcomer_in_step_s``). In step means: it has adopted a state fetched
+    from the donors (``resyncs`` >= 1, at or past the survivors' step when it started) and then
+    finished a step whose parameter digest equals a survivor's digest for that same step, i.e.
+    it applied that round's update together with the others and holds bit-identical
+    parameters. The clock runs from the ``Popen`` of its ``distro-node join`` (interpreter and
+    imports included) to the first status poll (every 0.1 s) that shows this;
  5. the victims' units expire, are leased again and completed by a live node: the coordinator's
     API shows each ``done``, completed by a survivor or the newcomer, issued at least twice;
     the newcomer's packets are masked for 3 warm-up steps after the state it adopted (the
@@ -41,7 +45,11 @@ from distronet.node.demo import LocalSwarm, wait_identical, wait_until, write_ru
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(300)]
 SEED = 5
 SHARD_TOKENS = 4096  # 8 steps of the tiny model's 8 x 64 tokens
-NEWCOMER_S = 60.0  # the issue's 10 s holds on a quiet machine; under CI load imports alone take ~9 s
+# The issue promises 10 s. On this project's shared 2-core box the measured distribution (see
+# docs/benchmarks.md, "newcomer in step") is ~8-9 s at load ~3-5 and 11-19 s at load 8-12 (the
+# first step alone loads numba's JIT cache for the payload decoder: 1-3 CPU-s). A CI-safe bound
+# that still catches a stuck or slow catch-up (it was 15-27 s before the start-up cuts):
+NEWCOMER_S = 30.0
 
 
 def units(swarm: LocalSwarm) -> dict[int, dict[str, Any]]:
@@ -53,6 +61,22 @@ def units(swarm: LocalSwarm) -> dict[int, dict[str, Any]]:
             return out
         out[u] = state
     return out
+
+
+def in_step(swarm: LocalSwarm, new: int, survivors: list[int], target: int) -> bool:
+    """The newcomer adopted the donors' state (at or past ``target``) and finished a step with
+    a survivor's parameter digest for that step (step 4 of the module docstring)."""
+    if swarm.nodes[new].poll() is not None:
+        raise AssertionError(f"the newcomer exited with {swarm.nodes[new].returncode}")
+    mine = swarm.status(new)
+    if mine.get("resyncs", 0) < 1 or max(mine.get("resync_steps") or [-1]) < target:
+        return False
+    digests = mine.get("digests", {})
+    for i in survivors:
+        theirs = swarm.status(i).get("digests", {})
+        if any(theirs.get(k) == v for k, v in digests.items()):
+            return True
+    return False
 
 
 def test_two_nodes_killed_one_newcomer_the_run_keeps_stepping(tmp_path: Path) -> None:
@@ -76,10 +100,10 @@ def test_two_nodes_killed_one_newcomer_the_run_keeps_stepping(tmp_path: Path) ->
         at_kill = min(swarm.status(i)["step"] for i in survivors)
         swarm.wait_steps(survivors, at_kill + 5, timeout=40.0)
 
-        started = time.monotonic()
         target = min(swarm.status(i)["step"] for i in survivors)
+        started = time.monotonic()
         new = swarm.start_node("--log-level", "info")  # its log shows where the join time goes
-        swarm.wait_steps([new], target, timeout=NEWCOMER_S)
+        wait_until(lambda: in_step(swarm, new, survivors, target), NEWCOMER_S, "the newcomer to be in step")
         in_step_s = time.monotonic() - started
         live = [new, *survivors]
         peer[new] = swarm.status(new)["peer_id"]

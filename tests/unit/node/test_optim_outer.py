@@ -89,3 +89,28 @@ def test_outer_momentum_changes_the_update() -> None:
             opt.step()
         finals.append([p.detach().clone() for p in model.parameters()])
     assert not all(torch.equal(a, b) for a, b in zip(*finals, strict=True))
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_outer_momentum_replicas_bit_identical_under_faults(overlap: bool) -> None:
+    """Dropped, late, duplicated packets and a peer death: the survivors stay bit-identical."""
+    from distronet.node.exchange.faulty import FaultPlan
+    from distronet.node.swarm_sim import SwarmFaults, param_digest, run_swarm
+
+    torch.manual_seed(0)
+    x = torch.randn(256, 96)
+    y = torch.tanh(x @ torch.randn(96, 4) / 7)
+
+    def batches(peer: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(1000 * peer + step)
+        ix = torch.randint(0, len(x), (32,), generator=g)
+        return x[ix], y[ix]
+
+    def mse(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        return nn.functional.mse_loss(model(xb), yb)
+
+    plan = FaultPlan(seed=5, p_drop=0.15, p_late=0.1, p_duplicate=0.3, max_delay=0.9)
+    cfg = preset("ours_k4_1bit", lr=3e-3, outer_momentum=0.9, outer_nesterov=True, overlap=overlap)
+    res = run_swarm(_model, batches, cfg, 4, 10, SwarmFaults(plan=plan, deaths={2: 5}), loss_fn=mse)
+    live = [m for m, ok in zip(res.models, res.alive, strict=True) if ok]
+    assert len(live) == 3 and len({param_digest(m) for m in live}) == 1

@@ -17,19 +17,23 @@ Same contract as :func:`~distronet.kernels.coding_flat.decode_payload_flat`: it 
 what :func:`~distronet.kernels.coding_payload.decode_payload_reference` accepts and returns
 bit-identical results; anything the fast path does not accept is decoded (or rejected, with
 the exact code and message) by the reference. Without numba (:data:`coding_jit.HAVE_JIT`
-False) it is :func:`coding_flat.decode_payload_flat` itself. numba is imported on the first
-decode, not with this module.
+False), and until the walk is compiled (:func:`use_jit`, :func:`warm`), it is
+:func:`coding_flat.decode_payload_flat` itself. numba is imported on the first compiled decode,
+not with this module.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import importlib.util
 import math
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 
 import numpy as np
@@ -45,7 +49,7 @@ from distronet.kernels.coding_values import Q_MAX, Q_MIN
 from distronet.protocol.errors import Rejected
 from distronet.protocol.limits import DEFAULT_LIMITS, Limits
 
-__all__ = ["HAVE_JIT", "decode_payload", "decode_payload_flat", "warm"]
+__all__ = ["HAVE_JIT", "decode_payload", "decode_payload_flat", "use_jit", "warm"]
 
 HAVE_JIT = importlib.util.find_spec("numba") is not None
 _PLANS_KEEP = 16
@@ -271,6 +275,38 @@ def _decode(plan: _Plan, data: bytes) -> FlatPayload:
     return FlatPayload(plan.ids, plan.n, plan.k, plan.cn, plan.offsets, idx, out)
 
 
+_WARM = threading.Event()  # set by warm(): the compiled walk is loaded in this process
+
+
+def _marker() -> Path:
+    """A file next to numba's on-disk cache saying which source the cache was built from."""
+    src = Path(__file__).with_name("coding_jit.py")
+    return src.parent / "__pycache__" / "coding_jit.warm"
+
+
+def _stamp() -> str:
+    st = Path(__file__).with_name("coding_jit.py").stat()
+    numba_version = importlib.metadata.version("numba")
+    return f"{st.st_mtime_ns}:{st.st_size}:{numba_version}:{sys.version_info[:3]}"
+
+
+@functools.cache
+def _cached_on_disk() -> bool:
+    """Whether a warm() in some process left a compiled walk for this very source (checked once)."""
+    try:
+        return _marker().read_text() == _stamp()
+    except (OSError, importlib.metadata.PackageNotFoundError):
+        return False
+
+
+def use_jit() -> bool:
+    """Whether decoding takes the compiled path now: numba is there and the walk is compiled in
+    this process (:func:`warm`) or cached on disk by an earlier :func:`warm` (then the first
+    decode loads it, ~1 s). Otherwise the numpy decoder runs: a process never stalls for the
+    first compile (~10-40 s) on a packet's path."""
+    return HAVE_JIT and (_WARM.is_set() or _cached_on_disk())
+
+
 def decode_payload_flat(
     data: bytes, layouts: Sequence[tuple[int, int]], limits: Limits = DEFAULT_LIMITS
 ) -> FlatPayload:
@@ -282,7 +318,7 @@ def decode_payload_flat(
     out of limits. Cost: for a payload structure seen recently, one compiled pass over the bit
     stream plus a few array copies; otherwise also the prefix's numpy decode (~0.1-0.3 ms).
     """
-    if not HAVE_JIT:
+    if not use_jit():
         return cf.decode_payload_flat(data, layouts, limits)
     data = bytes(data)
     try:
@@ -301,10 +337,12 @@ def decode_payload(
 
 
 def warm() -> bool:
-    """Compile the walk now (or load it from numba's on-disk cache) instead of on the first packet.
+    """Compile the walk now (or load it from numba's on-disk cache) and use it from now on.
 
-    Returns whether the compiled path is available. Cost: ~10 s (up to ~40 s on a loaded 2-core
-    machine) the first time in a checkout, ~1 s when cached; nothing without numba.
+    Also leaves a marker next to the cache, so later processes use the cached walk without
+    calling this. Returns whether the compiled path is available. Cost: ~10 s (up to ~40 s on a
+    loaded 2-core machine) the first time in a checkout, ~1 s when cached; nothing without numba.
+    Call it at start-up, off the packet path.
     """
     if not HAVE_JIT:
         return False
@@ -315,6 +353,12 @@ def warm() -> bool:
 
     idx = np.array([[0, 1, 9, 17]], dtype=np.int64)
     val = np.array([[1.0, -2.0, 0.5, 3.0]], dtype=np.float32)
-    coded = [encode_tensor(0, idx, val, 64, ValueCoding.SIGN1, IndexCoding.ENTROPY)[0]]
-    decode_payload_flat(encode_payload(coded), [(1, 64)])
+    data = encode_payload([encode_tensor(0, idx, val, 64, ValueCoding.SIGN1, IndexCoding.ENTROPY)[0]])
+    _decode(_PLANS.find(data, [(1, 64)], DEFAULT_LIMITS), data)
+    _WARM.set()
+    try:
+        _marker().parent.mkdir(exist_ok=True)
+        _marker().write_text(_stamp())
+    except OSError:
+        pass  # a read-only install: only processes that call warm() use the compiled walk
     return True

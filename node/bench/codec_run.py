@@ -37,6 +37,7 @@ from distronet.kernels.coding import (
     encode_payload,
     encode_tensor,
 )
+from distronet.kernels.coding_fast import warm
 from distronet.kernels.decode_batch import decode_flat, decode_sum_many
 from distronet.kernels.demo_reference import DemoReference
 from distronet.kernels.topk import dct_topk
@@ -174,6 +175,7 @@ def _rel_err(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
 
 def measure(ts: TensorSet, k: int, codings: Sequence[Coding], repeats: int) -> list[Result]:
     """Measure every coding of ``ts`` at ``k`` against the reference; one row per coding."""
+    warm()  # the compiled payload walk, as a node uses it after start-up (kernels.coding_fast)
     ours, ref = _Ours(ts, k, Identity.generate()), _Ref(ts, k)
     coefs = sum(lay.n_chunks * kk for lay, kk in zip(ts.layouts, ours.ks, strict=True))
     frames = {c: ours.encode(c) for c in codings}

@@ -152,5 +152,7 @@ def test_hypothesis_edits_agree_with_reference(seed: int, edits: list[tuple[int,
     _check(bytes(data), layouts)
 
 
-def test_warm_compiles_the_walk() -> None:
+def test_warm_compiles_the_walk_and_marks_the_cache() -> None:
     assert coding_fast.warm() is True
+    assert coding_fast.use_jit()
+    assert coding_fast._marker().read_text() == coding_fast._stamp()  # later processes use the cache

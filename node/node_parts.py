@@ -5,14 +5,13 @@
 - :func:`start_swarm`  p2pd + DHT membership + gossip, bootstrapped from the coordinator's peers.
 - :class:`ShardFeed`  batches from the leased shard; knows when a shard is done.
 - :func:`no_dynamo_for_optimizers`  a node never compiles: skip TorchDynamo's lazy import.
-- :func:`warm_decoder`  import the payload decoder's JIT module while start-up waits on the network.
+- :func:`warm_decoder`  warm the payload decoder's compiled walk while start-up waits on the network.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
 import logging
 import threading
 from pathlib import Path
@@ -146,21 +145,24 @@ def no_dynamo_for_optimizers() -> None:
             fn.__dynamo_disable = fn
 
 
-def _import_decoder_jit() -> None:
+def _warm_decoder() -> None:
     try:
-        importlib.import_module("distronet.kernels.coding_jit")
-    except Exception as e:  # no numba: the decoder falls back to numpy on its own
-        log.debug("payload decoder JIT not imported ahead: %s", e)
+        from distronet.kernels.coding_fast import warm
+
+        warm()
+    except Exception as e:  # the decoder then uses its numpy path, as without numba
+        log.debug("payload decoder not warmed ahead: %s", e)
 
 
 def warm_decoder() -> threading.Thread:
-    """Import the payload decoder's numba module (numba itself: ~1 CPU-s) in a daemon thread.
+    """Warm the payload decoder's compiled walk (``kernels.coding_fast.warm``: numba's import
+    and its on-disk cache, ~1-2 CPU-s) in a daemon thread.
 
-    The first step decodes the peers' packets and would import it then; started before the
-    coordinator calls and p2pd's start, the import runs while those wait on the network (the
-    GIL is free then), so a newcomer is in step sooner. Returns the thread (tests join it).
+    Started before the coordinator calls and p2pd's start, it runs while those wait on the
+    network (the GIL is free then), instead of inside the first step's decode, so a newcomer
+    is in step sooner. Returns the thread (tests join it).
     """
-    t = threading.Thread(target=_import_decoder_jit, name="warm-decoder", daemon=True)
+    t = threading.Thread(target=_warm_decoder, name="warm-decoder", daemon=True)
     t.start()
     return t
 

@@ -23,6 +23,8 @@ else
 	  || $(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)"
 endif
 	$(BIN)/python -m pip install -q -e ".[dev,postgres,mlx]"
+	@# compile the payload decoder's numba walk once, so node processes only load it (~1 s)
+	$(BIN)/python -c "from distronet.kernels.coding_fast import warm; warm()"
 	touch $(STAMP)
 
 demo: venv

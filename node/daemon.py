@@ -318,14 +318,6 @@ class Node:
         self.feed.switch(lease, self._tokens, self.step)
         self.status.shard = lease.shard_id
 
-    async def offer_state(self) -> None:
-        """Offer our parameters at ``self.step`` to newcomers and resyncing peers."""
-        blob = await asyncio.to_thread(state_blob, self.step, self.trainer.model, self.optimizer)
-        if self.donor is not None:
-            self.offered[self.step] = self.donor.offer(self.step, blob).sha256
-            for old in sorted(self.offered)[:-4]:
-                del self.offered[old]
-
     async def _first_catch_up(self, timeout: float) -> None:
         """Adopt the swarm's state before the first step; try again (within ``timeout``) while
         fetching fails (a donor moved on mid-download), not when the swarm has nothing newer."""

@@ -132,7 +132,6 @@ class Node:
         self.run_info: dict[str, Any] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.verify_until = -1  # after adopting a state, drift-check every step up to here
-        self.offered: dict[int, bytes] = {}  # step -> sha256 of the state blob we offer
         self._tokens: Any = None  # the current shard's tokens (numpy, 1-D)
         self.completed: set[int] = set()  # shard units we reported complete (each reported once)
         self.catch_up_failed = False  # the last catch_up could not fetch or load a peer's state
@@ -237,9 +236,7 @@ class Node:
             self.step = ckpt.step
             log.info("resumed from %s at step %d", self.ckpt_path, ckpt.step)
         assert self.donor is not None
-        self.offered = {
-            self.step: self.donor.offer(self.step, state_blob(self.step, model, self.optimizer)).sha256
-        }
+        self.donor.offer(self.step, state_blob(self.step, model, self.optimizer))
         up, down = self.swarm.bandwidth.up.rate, self.swarm.bandwidth.down.rate  # type: ignore[union-attr]
         self.status.up_budget, self.status.down_budget = up, down
         self.metrics.set_budget(up, down)
@@ -375,7 +372,7 @@ class Node:
         if self.core is not None:  # zero momentum: our next packets are masked warm-up packets
             self.status.warmup_until = self.core.start_warmup(step)
         if self.donor is not None:
-            self.offered = {self.step: self.donor.offer(self.step, blob).sha256}
+            self.donor.offer(self.step, blob)
         return True
 
     def checkpoint(self) -> None:

@@ -16,8 +16,6 @@ Real MLX (``mlx[cpu]`` on Linux): skips locally without it, fails under CI (``CI
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import statistics
 from pathlib import Path
 
@@ -31,11 +29,8 @@ DEVICES = ["cpu", "mlx", "cpu"]
 AFTER = 8
 
 
+@pytest.mark.usefixtures("require_mlx")
 def test_mlx_node_process_trains_with_torch_nodes(tmp_path: Path) -> None:
-    if importlib.util.find_spec("mlx") is None:
-        if os.environ.get("CI"):
-            pytest.fail("mlx is not installed: CI installs the [mlx] extra, so this test must run")
-        pytest.skip("mlx is not installed here (pip install 'distro-node[mlx]')")
     run = write_run(tmp_path, "mlxd", round_deadline_s=0.5)
     with LocalSwarm(tmp_path, run, "mlxd") as swarm:
         swarm.start_coordinator()

@@ -13,9 +13,7 @@ Real MLX (``mlx[cpu]`` on Linux): skips locally without it, fails under CI (``CI
 
 from __future__ import annotations
 
-import os
 import statistics
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +23,7 @@ import torch
 from torch import nn
 
 import distronet.node.models.gpt as gpt_module
-from distronet.node.backends import mlx_import_error, pick_backend
+from distronet.node.backends import pick_backend
 from distronet.node.models.gpt import GPT, GPTConfig
 from distronet.node.optim.config import preset
 from distronet.node.swarm_sim import param_digest, run_swarm
@@ -35,12 +33,7 @@ STEPS, PEERS, BATCH, SEQ = 8, 3, 8, 32
 TEXT = np.frombuffer(Path(gpt_module.__file__).read_bytes(), dtype=np.uint8).astype(np.int64)
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _batches(peer: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,12 +44,8 @@ def _batches(peer: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.slow  # about 3 s on a quiet 2-core machine; more under load
+@pytest.mark.usefixtures("require_mlx")
 def test_mlx_peer_and_torch_peers_stay_bit_identical() -> None:
-    why = mlx_import_error()
-    if why is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"MLX is not installed ({why}); .ci/run installs the [mlx] extra", pytrace=False)
-        pytest.skip(f"missing package: MLX not installed here ({why})")
     mlx, cpu = pick_backend("mlx"), pick_backend("cpu")
     built: list[nn.Module] = []
 

@@ -9,10 +9,8 @@ gradient tensor within 1e-4 of its own largest entry (measured: ~1e-6 relative o
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -33,23 +31,12 @@ CONFIGS = {
 LOSS_TOL, GRAD_TOL = 1e-5, 1e-4
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    """torch's thread pool crawls on a loaded 2-core machine (fresh threads pay most)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture
-def mlx_backend() -> Any:
+def mlx_backend(require_mlx: None) -> Any:
     """A fresh ``MLXBackend``; skips (locally) or fails (under CI) when MLX does not import."""
-    why = mlx_import_error()
-    if why is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"MLX is not installed ({why}); .ci/run installs the [mlx] extra", pytrace=False)
-        pytest.skip(f"missing package: MLX not installed here ({why})")
     return pick_backend("mlx")
 
 

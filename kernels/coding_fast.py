@@ -7,11 +7,11 @@ decoder derives from that prefix (offsets, value sections,
 per-tensor modes, rank tables, scale ranges, limit checks) is computed once, kept in a
 :class:`_Plan` keyed by the prefix's exact bits, and reused for every payload that starts with
 the same bits and is long enough for the prefix's length checks to pass as they did. What
-varies per packet, the index bodies, scale codes and sign bits, is read by one compiled loop
-(:mod:`coding_jit`); the values are a few whole-array copies per value coding.
+varies per packet, the index bodies, scale codes, sign bits and values, is read by one compiled
+call (:mod:`coding_jit`, :mod:`coding_jit_sum`), straight from the payload's bytes (no copy).
 
-Per packet this costs a prefix comparison, the compiled walk (O(bits + coefficients)) and a
-handful of numpy calls, instead of dozens of numpy calls per tensor.
+Per packet this costs a prefix comparison, the bucket-code parameters and the compiled walk
+(O(bits + coefficients)), instead of dozens of numpy calls per tensor.
 
 Same contract as :func:`~distronet.kernels.coding_flat.decode_payload_flat`: it accepts exactly
 what :func:`~distronet.kernels.coding_payload.decode_payload_reference` accepts and returns
@@ -55,7 +55,7 @@ HAVE_JIT = importlib.util.find_spec("numba") is not None
 _PLANS_KEEP = 16
 _FP32, _FP16, _BF16, _INT8, _SIGN1 = 1, 2, 3, 4, 5
 _ENTROPY = 2
-_PAD = bytes(4)  # the walk reads whole 32-bit words: 4 spare bytes after the payload
+_JIT_MODULES = ("coding_jit", "coding_jit_sum")  # numba-cached modules (the warm marker covers both)
 _REFUSED = (cf._Bad, Short, Rejected, IndexError, ValueError, OverflowError)
 
 
@@ -90,11 +90,7 @@ class _Plan:
     grp: np.ndarray
     scaled: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
     n_signs: int
-    reps: np.ndarray | None  # coefficients per scaled chunk (to spread the scales)
-    runs: tuple[
-        tuple[int, int, int, int, int, int], ...
-    ]  # (coding, lo, hi, byte offset, scale offset, sign offset)
-    finite_check: bool
+    vtab: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # per tensor, see coding_jit.walk
 
     def matches(self, data: bytes) -> bool:
         cut = len(self.head)
@@ -105,23 +101,22 @@ class _Plan:
         )
 
 
-def _runs(t: cf._Table, offsets: np.ndarray) -> tuple[tuple[int, int, int, int, int, int], ...]:
+def _value_table(t: cf._Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per tensor: value coding, byte offset in the value section, first row in the scales
+    (scaled codings), bit offset among the sign bits (SIGN1); tensor order, as on the wire."""
+
+    def starts(sizes: np.ndarray) -> np.ndarray:
+        out: np.ndarray = (np.cumsum(sizes) - sizes).astype(np.int64)
+        return out
+
     nk = t.n * t.k
-    vb = nk * cf._BYTES[t.vc]
-    voff = np.cumsum(vb) - vb
     scaled = (t.vc == _INT8) | (t.vc == _SIGN1)
-    snk = np.where(scaled, nk, 0)
-    soff = np.cumsum(snk) - snk
-    gnk = np.where(t.vc == _SIGN1, nk, 0)
-    goff = np.cumsum(gnk) - gnk
-    change = np.flatnonzero(np.diff(t.vc)) + 1
-    out = []
-    for a, b in zip([0, *change.tolist()], [*change.tolist(), len(t.vc)], strict=True):
-        if offsets[b] > offsets[a]:
-            out.append(
-                (int(t.vc[a]), int(offsets[a]), int(offsets[b]), int(voff[a]), int(soff[a]), int(goff[a]))
-            )
-    return tuple(out)
+    return (
+        t.vc.astype(np.int64),
+        starts(nk * cf._BYTES[t.vc]),
+        starts(np.where(scaled, t.n, 0)),
+        starts(np.where(t.vc == _SIGN1, nk, 0)),
+    )
 
 
 def _build(data: bytes, layouts: tuple[tuple[int, int], ...], limits: Limits) -> _Plan:
@@ -165,9 +160,7 @@ def _build(data: bytes, layouts: tuple[tuple[int, int], ...], limits: Limits) ->
         grp=np.searchsorted(np.array(groups, dtype=np.int64), t.cn),
         scaled=(t.n[sc], -(-Q_MIN // step), Q_MAX // step, step),
         n_signs=int(nk[t.vc == _SIGN1].sum()),
-        reps=np.repeat(t.k[sc], t.n[sc]) if bool(sc.any()) else None,
-        runs=_runs(t, offsets),
-        finite_check=bool((t.vc != _SIGN1).any()),
+        vtab=_value_table(t),
     )
 
 
@@ -232,47 +225,17 @@ def _params(
 
 
 def _decode(plan: _Plan, data: bytes) -> FlatPayload:
-    """One payload by its plan; raises ``cf._Bad`` when the walk or the values refuse it."""
+    """One payload by its plan; raises ``cf._Bad`` when the walk refuses it (values included)."""
     nbits = 8 * (len(data) - plan.vbytes)
     start, tables, scale_params = _params(plan, data, nbits)
-    buf = np.frombuffer(data + _PAD, dtype=np.uint8)
-    status, idx, perm, scales, sign_start = _jit().walk(
-        buf, nbits, start, plan.n, plan.k, plan.cn, plan.mode, plan.grp, tables,
-        plan.offsets, plan.scaled, scale_params, plan.n_signs,
+    status, idx, val = _jit().walk(
+        np.frombuffer(data, dtype=np.uint8), nbits, start, plan.n, plan.k, plan.cn, plan.mode,
+        plan.grp, tables, plan.offsets, plan.scaled, scale_params, plan.n_signs,
+        len(data) - plan.vbytes, plan.vtab,
     )  # fmt: skip
     if status != _jit().OK:
         raise cf._Bad
-    out = np.empty(int(plan.offsets[-1]), dtype=np.float32)
-    vstart = len(data) - plan.vbytes
-    coef = np.repeat(scales, plan.reps) if plan.reps is not None else None
-    signs = None
-    if plan.n_signs:
-        a = sign_start >> 3
-        b = (sign_start + plan.n_signs + 7) >> 3
-        signs = np.unpackbits(buf[a:b])[sign_start & 7 : (sign_start & 7) + plan.n_signs].view(bool)
-    for vc, lo, hi, voff, soff, goff in plan.runs:
-        cnt, at = hi - lo, vstart + voff
-        if vc == _FP32:
-            out[lo:hi] = np.frombuffer(data, "<f4", cnt, at)
-        elif vc == _FP16:
-            out[lo:hi] = np.frombuffer(data, "<f2", cnt, at)
-        elif vc == _BF16:
-            out[lo:hi] = (np.frombuffer(data, "<u2", cnt, at).astype(np.uint32) << 16).view(np.float32)
-        else:
-            assert coef is not None
-            sc = coef[soff : soff + cnt]
-            if vc == _SIGN1:
-                assert signs is not None
-                np.copyto(out[lo:hi], sc)
-                np.negative(sc, out=out[lo:hi], where=signs[goff : goff + cnt])
-            else:
-                with np.errstate(over="ignore"):
-                    np.multiply(np.frombuffer(data, np.int8, cnt, at), sc, out=out[lo:hi], dtype=np.float32)
-    if plan.finite_check and not bool(np.isfinite(out).all()):
-        raise cf._Bad
-    if perm is not None:
-        out = out[perm]
-    return FlatPayload(plan.ids, plan.n, plan.k, plan.cn, plan.offsets, idx, out)
+    return FlatPayload(plan.ids, plan.n, plan.k, plan.cn, plan.offsets, idx, val)
 
 
 _WARM = threading.Event()  # set by warm(): the compiled walk is loaded in this process
@@ -285,9 +248,10 @@ def _marker() -> Path:
 
 
 def _stamp() -> str:
-    st = Path(__file__).with_name("coding_jit.py").stat()
+    files = [Path(__file__).with_name(f"{name}.py").stat() for name in _JIT_MODULES]
     numba_version = importlib.metadata.version("numba")
-    return f"{st.st_mtime_ns}:{st.st_size}:{numba_version}:{sys.version_info[:3]}"
+    sources = ":".join(f"{st.st_mtime_ns}:{st.st_size}" for st in files)
+    return f"{sources}:{numba_version}:{sys.version_info[:3]}"
 
 
 @functools.cache
@@ -337,7 +301,8 @@ def decode_payload(
 
 
 def warm() -> bool:
-    """Compile the walk now (or load it from numba's on-disk cache) and use it from now on.
+    """Compile the walk and the scatter (``decode_batch``) now, or load them from numba's on-disk
+    cache, and use them from now on.
 
     Also leaves a marker next to the cache, so later processes use the cached walk without
     calling this. Returns whether the compiled path is available. Cost: ~10 s (up to ~40 s on a
@@ -354,7 +319,16 @@ def warm() -> bool:
     idx = np.array([[0, 1, 9, 17]], dtype=np.int64)
     val = np.array([[1.0, -2.0, 0.5, 3.0]], dtype=np.float32)
     data = encode_payload([encode_tensor(0, idx, val, 64, ValueCoding.SIGN1, IndexCoding.ENTROPY)[0]])
-    _decode(_PLANS.find(data, [(1, 64)], DEFAULT_LIMITS), data)
+    flat = _decode(_PLANS.find(data, [(1, 64)], DEFAULT_LIMITS), data)
+    from distronet.kernels.coding_jit_sum import scatter_flat
+
+    one = np.zeros(1, dtype=np.int64)
+    for local_at in (one - 1, one):  # chunk order and spatial order
+        table = np.arange(64, dtype=np.int64)
+        out = np.zeros(64, dtype=np.float32)
+        scatter_flat(
+            out, flat.tensor_ids, flat.n, flat.k, flat.offsets, flat.idx, flat.val, one, one, table, local_at
+        )
     _WARM.set()
     try:
         _marker().parent.mkdir(exist_ok=True)

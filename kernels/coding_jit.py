@@ -4,18 +4,19 @@
 stream (docs/protocol-payload.md §2 steps 5-8) is serial by nature: a gap-coded body's length
 depends on its own escapes and mantissas. In numpy that costs a few dozen operations per tensor
 and per packet, which for a model of dozens of small tensors dominated decoding a round. Here
-one compiled loop reads every index body, the scale codes and the sign bits' position in one
-pass, O(bits + coefficients) with no per-tensor interpreter work.
+one compiled call reads every index body, the scale codes and the sign bits, then the values
+(:mod:`coding_jit_sum`), O(bits + coefficients) with no per-tensor interpreter work.
 
 Contract: :func:`walk` either returns what the reference decoder would (indices in ascending
-position per chunk, the permutation that moves wire-order values along, the per-chunk scales
-of INT8/SIGN1 tensors) or reports "not accepted" (status != 0) for ANY input the reference
-rejects: stream too short, unary code too long, place or escape past ``bmax``, index out of
-range, FIXED indices not strictly ascending, rank past the chunk, 2-D rank map on a 1-D chunk,
-scale code out of range, wrong length or non-zero padding. It never raises for bad input and
-never reads outside ``buf``: every read is checked against ``nbits`` first, and ``buf`` holds 4
-spare bytes past the stream for the 32-bit word reads (tests fuzz this with hostile bytes).
-The caller then lets the reference decoder name the exact rejection.
+position per chunk, their values dequantised and moved along with them) or reports "not
+accepted" (status != 0) for ANY input the reference rejects: stream too short, unary code too
+long, place or escape past ``bmax``, index out of range, FIXED indices not strictly ascending,
+rank past the chunk, 2-D rank map on a 1-D chunk, scale code out of range, wrong length or
+non-zero padding, a NaN or infinite value. It never raises for bad input and never reads
+outside ``buf``: every read is checked against ``nbits`` first, the 32-bit word table reads
+zeros past the end of ``buf``, and value reads stay inside the value section whose size the
+caller checked (tests fuzz this with hostile bytes). The caller then lets the reference decoder
+name the exact rejection.
 
 ``numba`` is optional: :data:`HAVE_JIT` is False without it and :mod:`coding_fast` uses the
 numpy decoder of :mod:`coding_flat`. Compiled code is cached on disk next to this module
@@ -34,6 +35,7 @@ import numpy as np
 
 from distronet.kernels.coding_bucket import RICE, centre_out
 from distronet.kernels.coding_index import RankMap, _rank_tables, _side, fixed_width
+from distronet.kernels.coding_jit_sum import values
 from distronet.kernels.coding_values import SCALE_TABLE
 
 __all__ = ["HAVE_JIT", "OK", "walk", "walk_tables"]
@@ -76,13 +78,19 @@ def _bits(words: np.ndarray, pos: int, w: int) -> int:
 
 @_jit
 def _words(buf: np.ndarray, nbits: int) -> np.ndarray:
-    """The big-endian 32-bit word at every byte of the stream (``buf`` has 4 spare bytes)."""
+    """The big-endian 32-bit word at every byte of the stream (bytes past ``buf`` read as 0)."""
     size = (nbits + 7) >> 3
     out = np.empty(size + 1, dtype=np.int64)
-    for i in range(size + 1):
+    safe = min(size + 1, buf.size - 3)
+    for i in range(safe):
         out[i] = (
             (np.int64(buf[i]) << 24) | (np.int64(buf[i + 1]) << 16) | (np.int64(buf[i + 2]) << 8) | buf[i + 3]
         )
+    for i in range(max(safe, 0), size + 1):
+        w = np.int64(0)
+        for d in range(4):
+            w = (w << 8) | (np.int64(buf[i + d]) if i + d < buf.size else 0)
+        out[i] = w
     return out
 
 
@@ -477,25 +485,51 @@ def walk(
     scaled: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     scale_params: tuple[int, int],
     n_signs: int,
-) -> tuple[int, np.ndarray, np.ndarray | None, np.ndarray, int]:
-    """Walk the stream from bit ``pos``: (status, idx, perm or None, scales, sign bits' start).
+    vstart: int,
+    vtab: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+) -> tuple[int, np.ndarray, np.ndarray]:
+    """Walk the stream from bit ``pos`` and read the values: (status, idx, val).
 
-    Per tensor (int64 arrays): ``n``, ``k``, ``cn``, ``mode`` (0 dense, 1 FIXED, 2 ENTROPY),
-    ``grp`` (its entropy group's row in ``tables``), ``offsets`` (T + 1, output starts).
-    ``scaled``: per INT8/SIGN1 tensor (n, lowest code, highest code, step). ``idx[i]`` is output
-    slot ``i``'s position; its value is wire value ``perm[i]`` (``perm`` None: values stay in wire
-    order). Status :data:`OK` or not
-    accepted (module doc). Cost O(stream bits + coefficients), compiled.
+    ``buf`` is the whole payload (uint8); the bit stream ends at bit ``nbits``, the value section
+    starts at byte ``vstart``. Per tensor (int64 arrays): ``n``, ``k``, ``cn``, ``mode`` (0 dense,
+    1 FIXED, 2 ENTROPY), ``grp`` (its entropy group's row in ``tables``), ``offsets`` (T + 1,
+    output starts). ``scaled``: per INT8/SIGN1 tensor (n, lowest code, highest code, step).
+    ``vtab``: per tensor (value coding, value byte offset, first scale row, sign bit offset), see
+    :func:`coding_jit_sum.values`. ``idx[i]`` (int64) is output slot ``i``'s position in its
+    chunk, ``val[i]`` (float32) its value. Status :data:`OK` or not accepted (module doc; also a
+    non-finite value). Cost O(stream bits + coefficients), compiled, one call.
     """
     total = int(offsets[-1])
     idx = np.empty(total, dtype=np.int64)
     perm = np.empty(total, dtype=np.int64)
+    val = np.empty(total, dtype=np.float32)
     sc_n, sc_lo, sc_hi, sc_step = scaled
     scales = np.empty(int(sc_n.sum()), dtype=np.float32)
     prm, orders, ptabs = tables
     s_b0, s_w = scale_params
-    status, sign_start, moved = _walk(
+    vc, voff, soff, goff = vtab
+    status = _walk_values(
         buf, nbits, pos, n, k, cn, mode, grp, prm, orders, ptabs, offsets, idx, perm,
         sc_n, sc_lo, sc_hi, sc_step, s_b0, s_w, _order(s_b0, _SCALE_BMAX), _TABLE, scales, n_signs,
+        vstart, vc, voff, soff, goff, val,
     )  # fmt: skip
-    return int(status), idx, perm if moved else None, scales, int(sign_start)
+    return int(status), idx, val
+
+
+@_jit
+def _walk_values(
+    buf: np.ndarray, nbits: int, p: int, n: np.ndarray, k: np.ndarray, cn: np.ndarray, mode: np.ndarray,
+    grp: np.ndarray, prm: np.ndarray, orders: np.ndarray, ptabs: np.ndarray, offsets: np.ndarray,
+    idx: np.ndarray, perm: np.ndarray, sc_n: np.ndarray, sc_lo: np.ndarray, sc_hi: np.ndarray,
+    sc_step: np.ndarray, s_b0: int, s_w: int, s_order: np.ndarray, table: np.ndarray,
+    scales: np.ndarray, n_signs: int, vstart: int, vc: np.ndarray, voff: np.ndarray, soff: np.ndarray,
+    goff: np.ndarray, val: np.ndarray,
+) -> int:  # fmt: skip
+    """:func:`_walk`, then :func:`coding_jit_sum.values` into ``val``; the first failure's status."""
+    status, sign_start, moved = _walk(
+        buf, nbits, p, n, k, cn, mode, grp, prm, orders, ptabs, offsets, idx, perm,
+        sc_n, sc_lo, sc_hi, sc_step, s_b0, s_w, s_order, table, scales, n_signs,
+    )  # fmt: skip
+    if status != OK:
+        return status
+    return values(buf, vstart, sign_start, n, k, offsets, vc, voff, soff, goff, perm, moved, scales, val)

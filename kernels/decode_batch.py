@@ -11,11 +11,13 @@ run layout) gives every tensor a region of ONE flat coefficient buffer:
 * larger tensors sit in spatial order and get the usual two-GEMM inverse
   (:func:`~distronet.kernels.dct.idct_spatial`), with no chunk-order copy of a big buffer.
 
-A packet's coefficients land by one ``index_add_`` (positions: a cached per-coefficient chunk
-base plus the index), so decoding P packets costs one zeroing and one inverse per block shape
-plus P scatters: the per-packet cost is the scatter alone. The inverse is always the dense one
-(two GEMMs per group): batched over all tensors it costs less than per-tensor sparse products
-even for a single packet at small k.
+A packet's coefficients land by one compiled loop over its entries (chunk base plus index, or
+the big tensors' spatial table; :func:`coding_jit_sum.scatter_flat`) once the compiled decoder
+is warm (:func:`coding_fast.use_jit`), else by one ``index_add_``; both add entry by entry in
+payload order, so results are bit-identical. Decoding P packets costs one zeroing and one
+inverse per block shape plus P scatters: the per-packet cost is the scatter alone. The inverse
+is always the dense one (two GEMMs per group): batched over all tensors it costs less than
+per-tensor sparse products even for a single packet at small k.
 
 Results are float32 (or ``dtype``) tensors of each layout's shape; the tensors of one call may
 share one storage (disjoint views), so in-place edits of one never touch another.
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from distronet.kernels.coding_fast import use_jit
 from distronet.kernels.coding_flat import FlatPayload
 from distronet.kernels.dct import dct_basis, idct_spatial, work_dtype
 from distronet.kernels.decode import SMALL_COEFFICIENTS, Part
@@ -69,6 +72,21 @@ class BatchPlan:
     local: tuple[np.ndarray | None, ...]
     n_chunks: np.ndarray
     chunk_numel: np.ndarray
+
+    @functools.cached_property
+    def scatter_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(chunk bases of all tensors, each tensor's first row there, local tables of the big
+        tensors, each one's first row there or -1): :func:`coding_jit_sum.scatter_flat`'s view."""
+        cbase_at = np.cumsum([0] + [b.size for b in self.chunk_base])[:-1].astype(np.int64)
+        locs = [loc for loc in self.local if loc is not None]
+        sizes = [0 if loc is None else loc.size for loc in self.local]
+        local_at = np.where([loc is None for loc in self.local], -1, np.cumsum([0, *sizes])[:-1])
+        return (
+            np.concatenate([*self.chunk_base, np.zeros(0, dtype=np.int64)]),
+            cbase_at,
+            np.concatenate([*locs, np.zeros(0, dtype=np.int64)]),
+            local_at.astype(np.int64).reshape(-1),
+        )
 
     def positions(self, tid: int, idx: np.ndarray) -> np.ndarray:
         """Flat buffer positions of tensor ``tid``'s chunk-order ``idx`` (n_chunks, k)."""
@@ -206,6 +224,21 @@ def _buffer(plan: BatchPlan, dt: torch.dtype, dev: torch.device) -> torch.Tensor
     return scratch(1, (plan.size,), dt, dev).zero_()
 
 
+def _scatter_compiled(plan: BatchPlan, buf: torch.Tensor, payloads: Sequence[FlatPayload]) -> None:
+    """Add every payload's entries into ``buf`` (CPU float32), payload by payload, compiled:
+    the additions :func:`decode_flat`'s ``index_add_`` makes, in the same order, no copies."""
+    from distronet.kernels.coding_jit_sum import scatter_flat
+
+    out = buf.numpy()
+    tables = plan.scatter_tables
+    for flat in payloads:
+        ids, n, k, offsets, idx = (
+            np.ascontiguousarray(a, dtype=np.int64)
+            for a in (flat.tensor_ids, flat.n, flat.k, flat.offsets, flat.idx)
+        )
+        scatter_flat(out, ids, n, k, offsets, idx, np.ascontiguousarray(flat.val, dtype=np.float32), *tables)
+
+
 def decode_flat(
     layouts: Sequence[ChunkLayout],
     payloads: Sequence[FlatPayload],
@@ -239,6 +272,9 @@ def decode_flat(
     with torch.no_grad():
         buf = _buffer(plan, dt, dev)
         live = [flat for flat in payloads if flat.idx.size]
+        if live and dev.type == "cpu" and dt == torch.float32 and use_jit():
+            _scatter_compiled(plan, buf, live)
+            return _invert(plan, buf)
         if len(live) == 1:
             pos_np, val_np = _flat_positions(plan, live[0]), live[0].val
         elif live:  # one scatter for all: entries keep their order (packet by packet)

@@ -96,3 +96,28 @@ def test_decode_flat_of_coded_payloads_equals_decode_sum() -> None:
         torch.testing.assert_close(x, decode_sum(lay, ps), atol=2e-5, rtol=1e-5)
     with pytest.raises(KernelError):
         decode_flat(layouts[:2], flats)
+
+
+def test_compiled_scatter_is_bit_identical_to_index_add(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled scatter adds what ``index_add_`` adds, in the same order: equal bits, with
+    small and big (spatial-order) tensors, every coding, several k, packets missing tensors."""
+    from distronet.kernels import coding_fast
+
+    if not coding_fast.warm():
+        pytest.skip("numba is not installed")
+    layouts = [plan_layout(s, 16) for s in SHAPES]
+    nk = [(lay.n_chunks, lay.chunk_numel) for lay in layouts]
+    flats = []
+    for seed in range(10):
+        vc, ic = ValueCoding(1 + seed % 5), IndexCoding(1 + seed % 2)
+        coded = [
+            encode_tensor(t, idx.numpy(), val.numpy(), layouts[t].chunk_numel, vc, ic)[0]
+            for t, (idx, val) in enumerate(_parts(SHAPES, seed, 1 + seed % 6))
+            if (t + seed) % 4  # each packet leaves some tensors out
+        ]
+        flats.append(decode_payload_flat(encode_payload(coded), nk))
+    got = [x.clone() for x in decode_flat(layouts, flats)]
+    monkeypatch.setattr(decode_batch, "use_jit", lambda: False)
+    want = decode_flat(layouts, flats)
+    for x, y in zip(got, want, strict=True):
+        assert torch.equal(x.view(torch.int32), y.view(torch.int32))

@@ -1,0 +1,144 @@
+"""Compiled value dequantisation and coefficient accumulation (numba), for the payload walk.
+
+Two loops that used to be a dozen numpy passes per packet:
+
+* :func:`values` turns a payload's value section, per-chunk scales and sign bits into the
+  float32 value of every output slot (wire values moved along the walk's permutation), with the
+  finiteness check of every coding but SIGN1. Bit-exact with numpy's conversions: fp32 and bf16
+  are bit copies, fp16 is widened exactly (normals by re-biasing the exponent, subnormals
+  ``m * 2**-24`` renormalised), int8 is ``float32(q) * scale`` (one float32 rounding, as
+  ``np.multiply(q, scale, dtype=float32)``), sign1 is ``±scale``.
+* :func:`scatter_flat` adds decoded payloads into one flat float32 coefficient buffer, entry by
+  entry in payload order. Per element that is the same sequence of float32 additions, from
+  zero, as ``torch.index_add_`` over the payloads' entries concatenated in the same order (the
+  CPU kernel adds serially), so results are bit-identical and independent of thread counts.
+
+Both are called with arrays the caller built and checked (:mod:`coding_fast`,
+:mod:`decode_batch`); they never raise. ``numba`` is optional (:data:`HAVE_JIT`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+import numpy as np
+
+__all__ = ["BAD_VALUE", "HAVE_JIT", "scatter_flat", "values"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+try:
+    import numba
+except ImportError:  # pragma: no cover - numba is a dependency; kept optional for odd platforms
+    HAVE_JIT = False
+else:
+    HAVE_JIT = True
+
+
+def _jit(fn: F) -> F:
+    if not HAVE_JIT:  # pragma: no cover
+        return fn
+    return cast(F, numba.njit(cache=True, nogil=True, boundscheck=False)(fn))
+
+
+BAD_VALUE = 2  # status: a value is NaN or infinite
+_FP32, _FP16, _BF16, _INT8, _SIGN1 = 1, 2, 3, 4, 5
+_EXP32 = 0x7F800000
+
+
+@_jit
+def _u16(buf: np.ndarray, a: int) -> int:
+    return int(buf[a]) | (int(buf[a + 1]) << 8)
+
+
+@_jit
+def _half_bits(h: int) -> int:
+    """float32 bit pattern of the IEEE half ``h`` (finite: the caller checked the exponent)."""
+    sign = (h >> 15) << 31
+    e = (h >> 10) & 0x1F
+    m = h & 0x3FF
+    if e:
+        return sign | ((e + 112) << 23) | (m << 13)
+    if m == 0:
+        return sign
+    p = 9  # subnormal: m * 2**-24 = 2**(p - 24) * (m / 2**p), p the top bit of m
+    while not (m >> p) & 1:
+        p -= 1
+    return sign | ((p + 103) << 23) | ((m ^ (1 << p)) << (23 - p))
+
+
+@_jit
+def values(
+    buf: np.ndarray, vstart: int, sign_start: int, n: np.ndarray, k: np.ndarray, offsets: np.ndarray,
+    vc: np.ndarray, voff: np.ndarray, soff: np.ndarray, goff: np.ndarray, perm: np.ndarray, moved: bool,
+    scales: np.ndarray, out: np.ndarray,
+) -> int:  # fmt: skip
+    """Fill ``out`` (float32, one per output slot); 0, or :data:`BAD_VALUE` on a non-finite value.
+
+    Per tensor ``t``: value coding ``vc[t]``, its values' byte offset ``voff[t]`` from
+    ``vstart``, its first chunk's row in ``scales`` (``soff[t]``, scaled codings) and its sign
+    bits' offset ``goff[t]`` from bit ``sign_start`` (SIGN1). Output slot ``i`` of tensor ``t``
+    takes wire value ``perm[i]`` when ``moved`` (a walk's sort moved it), else its own.
+    """
+    bits = out.view(np.uint32)
+    for t in range(n.size):
+        kt, off, code = k[t], offsets[t], vc[t]
+        at = vstart + voff[t]
+        for c in range(n[t]):
+            scale = scales[soff[t] + c] if code >= _INT8 else np.float32(0.0)
+            for j in range(kt):
+                i = off + c * kt + j
+                w = perm[i] - off if moved else c * kt + j
+                if code == _FP32:
+                    a = at + 4 * w
+                    b = _u16(buf, a) | (_u16(buf, a + 2) << 16)
+                    if b & _EXP32 == _EXP32:
+                        return BAD_VALUE
+                    bits[i] = b
+                elif code == _FP16:
+                    h = _u16(buf, at + 2 * w)
+                    if h & 0x7C00 == 0x7C00:
+                        return BAD_VALUE
+                    bits[i] = _half_bits(h)
+                elif code == _BF16:
+                    b = _u16(buf, at + 2 * w) << 16
+                    if b & _EXP32 == _EXP32:
+                        return BAD_VALUE
+                    bits[i] = b
+                elif code == _INT8:
+                    q = int(buf[at + w])
+                    v = np.float32(q - 256 if q > 127 else q) * scale
+                    if not np.isfinite(v):
+                        return BAD_VALUE
+                    out[i] = v
+                else:
+                    g = sign_start + goff[t] + w
+                    out[i] = -scale if (buf[g >> 3] >> (7 - (g & 7))) & 1 else scale
+    return 0
+
+
+@_jit
+def scatter_flat(
+    buf: np.ndarray, ids: np.ndarray, n: np.ndarray, k: np.ndarray, offsets: np.ndarray, idx: np.ndarray,
+    val: np.ndarray, cbase: np.ndarray, cbase_at: np.ndarray, local: np.ndarray, local_at: np.ndarray,
+) -> None:  # fmt: skip
+    """``buf[position] += val`` for every entry of one flat payload, in entry order.
+
+    Entry ``o + c * k[j] + e`` of payload tensor ``j`` (``o = offsets[j]``, tensor id
+    ``t = ids[j]``, chunk ``c``) lands at ``cbase[cbase_at[t] + c] + x`` with ``x = idx`` (chunk
+    order) or ``local[local_at[t] + idx]`` when ``local_at[t] >= 0`` (spatial order). Indices
+    were checked by the payload decoder and the tables fit the buffer (decode_batch).
+    """
+    for j in range(ids.size):
+        t, kt, o = ids[j], k[j], offsets[j]
+        cb, la = cbase_at[t], local_at[t]
+        for c in range(n[j]):
+            base = cbase[cb + c]
+            row = o + c * kt
+            if la < 0:
+                for e in range(kt):
+                    buf[base + idx[row + e]] += val[row + e]
+            else:
+                for e in range(kt):
+                    buf[base + local[la + idx[row + e]]] += val[row + e]

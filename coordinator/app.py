@@ -84,7 +84,7 @@ class Ctx:
     """What the pipeline hands an operation: the request, its path parameters (``run_id``,
     ``unit``, ...), its validated body and the authenticated peer (signed routes)."""
 
-    request: web.BaseRequest
+    request: web.BaseRequest | None  # None on the hot-route protocol (those handlers never read it)
     params: Mapping[str, str]
     body: dict[str, Any]
     peer: str | None
@@ -165,10 +165,11 @@ def _no_constant(name: str) -> Any:
 
 # Built once: json.loads/json.dumps with options build a new decoder/encoder on every call.
 _DECODE = json.JSONDecoder(parse_constant=_no_constant).decode
-_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
+encode_json = json.JSONEncoder(separators=(",", ":")).encode
 
 
-def _parse_json(body: bytes) -> Any:
+def parse_json(body: bytes) -> Any:
+    """The JSON value of a request body (``{}`` when empty). Raises ApiError(MALFORMED)."""
     if not body:
         return {}
     try:
@@ -177,12 +178,13 @@ def _parse_json(body: bytes) -> Any:
         raise ApiError(ApiErrorCode.MALFORMED, "body is not valid JSON (UTF-8, no NaN/Infinity)") from None
 
 
-_JSON_HEADERS: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json"})  # copied per use
+JSON = "application/json"
+_JSON_HEADERS: CIMultiDict[str] = CIMultiDict({"Content-Type": JSON})  # copied per use
 
 
 def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
     h = _JSON_HEADERS if headers is None else CIMultiDict(_JSON_HEADERS, **headers)
-    return web.Response(body=_ENCODE(obj).encode(), status=status, headers=h)
+    return web.Response(body=encode_json(obj).encode(), status=status, headers=h)
 
 
 class CoordinatorApp:
@@ -310,47 +312,21 @@ class CoordinatorApp:
 
     def _wrap(self, r: Route) -> Pipeline:
         op = getattr(handlers, r.name)
-        limit = self.cfg.node_body_limit if r.limit == "node" else self.cfg.operator_body_limit
+        limit = self.route_limit(r)
         is_post = r.method == "POST"
 
         async def handle(request: web.BaseRequest, params: Mapping[str, str]) -> web.StreamResponse:
-            if self.closing:
-                raise ApiError(ApiErrorCode.UNAVAILABLE, "the coordinator is shutting down; retry shortly")
-            cl = request.content_length
-            if cl is not None and cl > limit:
-                raise ApiError(ApiErrorCode.TOO_LARGE, f"body of {cl} bytes is over this route's {limit}")
+            self.admit(request.content_length, limit)
+            hdrs = request.headers
             peer: str | None = None
             if r.auth == "signed":
                 now = self.clock()
-                hdrs = request.headers
-                h: MacHeaders | SignedHeaders
-                if r.mac and HDR_SESSION in hdrs:
-                    h = parse_mac(
-                        hdrs,
-                        self.sessions,
-                        run_id=params.get("run_id"),
-                        skew_s=self.cfg.clock_skew_s,
-                        not_before_ms=self.started_ms,
-                        now=now,
-                    )
-                    check: Callable[[Any, str, str, bytes], None] = verify_mac
-                else:
-                    h = parse_signed(
-                        hdrs, skew_s=self.cfg.clock_skew_s, not_before_ms=self.started_ms, now=now
-                    )
-                    check = verify_signed
+                h = self.node_headers(r, hdrs, params, now)
                 body = await self._read(request, limit) if is_post else b""
-                try:
-                    check(h, request.method, request.path_qs, body)
-                except ApiError:  # forgeries count against their IP, never against the peer they name
-                    self._limit(self.ip_limits, request.remote or "?")
-                    raise
-                self._limit(self.peer_limits, h.peer)
-                self.nonces.check_and_add(h.peer, h.nonce, now)
-                peer = h.peer
+                peer = self.verify_node(h, request.method, request.path_qs, body, request.remote, now)
             elif r.auth == "operator":
                 try:
-                    check_bearer(request.headers.get("Authorization"), self.cfg.operator_token)
+                    check_bearer(hdrs.get("Authorization"), self.cfg.operator_token)
                 except ApiError:
                     self._limit(self.ip_limits, request.remote or "?")
                     raise
@@ -360,13 +336,9 @@ class CoordinatorApp:
                 body = await self._read(request, limit) if is_post else b""
             parsed: dict[str, Any] = {}
             if r.schema is not None:
-                if (
-                    body
-                    and request.headers.get("Content-Type") != "application/json"
-                    and request.content_type != "application/json"
-                ):
+                if body and hdrs.get("Content-Type") != JSON and request.content_type != JSON:
                     raise ApiError(ApiErrorCode.UNSUPPORTED_MEDIA, "send the body as application/json")
-                parsed = r.schema.validate(_parse_json(body))
+                parsed = r.schema.validate(parse_json(body))
             result = op(self, Ctx(request, params, parsed, peer))
             if r.raw:
                 return await result  # type: ignore[no-any-return]
@@ -375,6 +347,61 @@ class CoordinatorApp:
             return json_response(obj, status)
 
         return handle
+
+    # The pipeline's steps, shared with the hot-route protocol (:mod:`.hotpath`), which runs
+    # them on requests it parsed itself: the same checks in the same order either way in.
+
+    def route_limit(self, r: Route) -> int:
+        """The body size limit of route ``r`` in bytes."""
+        return self.cfg.node_body_limit if r.limit == "node" else self.cfg.operator_body_limit
+
+    def admit(self, content_length: int | None, limit: int) -> None:
+        """First step of every call: 503 while shutting down, 413 for a declared body over ``limit``."""
+        if self.closing:
+            raise ApiError(ApiErrorCode.UNAVAILABLE, "the coordinator is shutting down; retry shortly")
+        if content_length is not None and content_length > limit:
+            raise ApiError(
+                ApiErrorCode.TOO_LARGE, f"body of {content_length} bytes is over this route's {limit}"
+            )
+
+    def node_headers(
+        self, r: Route, hdrs: Any, params: Mapping[str, str], now: float
+    ) -> MacHeaders | SignedHeaders:
+        """The parsed auth headers of a signed route's call (``hdrs``: case-insensitive ``get``).
+        Raises ApiError 401/403 before any body is read."""
+        if r.mac and HDR_SESSION in hdrs:
+            return parse_mac(
+                hdrs,
+                self.sessions,
+                run_id=params.get("run_id"),
+                skew_s=self.cfg.clock_skew_s,
+                not_before_ms=self.started_ms,
+                now=now,
+            )
+        return parse_signed(hdrs, skew_s=self.cfg.clock_skew_s, not_before_ms=self.started_ms, now=now)
+
+    def verify_node(
+        self,
+        h: MacHeaders | SignedHeaders,
+        method: str,
+        path_qs: str,
+        body: bytes,
+        remote: str | None,
+        now: float,
+    ) -> str:
+        """Check the MAC or signature over the exact request, then the peer's rate and the nonce.
+        Returns the authenticated peer id. Raises ApiError 403/429."""
+        try:
+            if isinstance(h, MacHeaders):
+                verify_mac(h, method, path_qs, body)
+            else:
+                verify_signed(h, method, path_qs, body)
+        except ApiError:  # forgeries count against their IP, never against the peer they name
+            self._limit(self.ip_limits, remote or "?")
+            raise
+        self._limit(self.peer_limits, h.peer)
+        self.nonces.check_and_add(h.peer, h.nonce, now)
+        return h.peer
 
     @staticmethod
     def _limit(limiter: RateLimiter, key: str) -> None:

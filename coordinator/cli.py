@@ -86,6 +86,7 @@ async def serve(cfg: Any, run_files: Sequence[str]) -> int:
     from distronet.coordinator.app import CoordinatorApp
     from distronet.coordinator.config import load_run_file
     from distronet.coordinator.fastpath import install_fast_path
+    from distronet.coordinator.hotpath import HotSite
 
     # The SQLite thread takes the GIL back after every statement; by default it may wait up to
     # 5 ms each time for the busy event-loop thread, which stretches group commits (and so every
@@ -113,11 +114,18 @@ async def serve(cfg: Any, run_files: Sequence[str]) -> int:
         app.web, access_log=None, handle_signals=False, shutdown_timeout=cfg.shutdown_timeout_s
     )
     await runner.setup()
-    install_fast_path(runner, app)
-    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=2048, reuse_address=True)
+    install_fast_path(runner, app)  # hot calls on connections handed over to aiohttp
+    site = HotSite(
+        runner,
+        app,
+        cfg.host,
+        cfg.port,
+        backlog=2048,
+        reuse_address=True,
+        shutdown_timeout=cfg.shutdown_timeout_s,
+    )
     await site.start()
-    server = getattr(site, "_server", None)
-    port = server.sockets[0].getsockname()[1] if server is not None and server.sockets else cfg.port
+    port = site.port
     if cfg.port_file:
         tmp = Path(cfg.port_file + ".tmp")
         tmp.write_text(str(port))

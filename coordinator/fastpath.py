@@ -31,8 +31,9 @@ _TWO = {"renew": "renew", "complete": "complete"}  # .../runs/{run_id}/leases/{u
 
 
 def _segment_ok(seg: str) -> bool:
-    # What the router's ``{name}`` matches: one non-empty segment without braces.
-    return bool(seg) and "{" not in seg and "}" not in seg
+    # What the router's ``{name}`` matches: one non-empty segment without braces; never a dot
+    # segment (URL normalisation would remove it before routing).
+    return bool(seg) and "{" not in seg and "}" not in seg and seg not in (".", "..")
 
 
 def match_hot(method: str, raw_path: str) -> tuple[str, dict[str, str]] | None:

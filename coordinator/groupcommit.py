@@ -68,19 +68,24 @@ class GroupCommitter:
         self._callbacks.append(callback)
         self._wake.set()
 
-    async def durable(self) -> None:
-        """Wait until everything staged so far is committed. Raises ApiError(UNAVAILABLE) on failure."""
+    def durable_future(self) -> asyncio.Future[None] | None:
+        """A future done once everything staged so far is committed (its exception: the store's
+        failure), or None when nothing needs waiting for. Raises ApiError(UNAVAILABLE) after a
+        failure. For callers that wait with a done-callback instead of a task; never cancel it."""
         if self.failed is not None:
             raise ApiError(ApiErrorCode.UNAVAILABLE, "storage failed; the coordinator is restarting")
         if not self._staged and not self._callbacks:
             # Nothing of ours is staged, but an earlier in-flight commit may hold what we read.
-            if self._inflight is None:
-                return
-            fut = self._inflight
-        else:
-            if self._fut is None:
-                self._fut = asyncio.get_running_loop().create_future()
-            fut = self._fut
+            return self._inflight
+        if self._fut is None:
+            self._fut = asyncio.get_running_loop().create_future()
+        return self._fut
+
+    async def durable(self) -> None:
+        """Wait until everything staged so far is committed. Raises ApiError(UNAVAILABLE) on failure."""
+        fut = self.durable_future()
+        if fut is None:
+            return
         try:
             await asyncio.shield(fut)
         except ApiError:

@@ -83,6 +83,7 @@ def nodes(app: CoordinatorApp, ctx: Ctx) -> Result:
 
 def leaderboard(app: CoordinatorApp, ctx: Ctx) -> Result:
     run = app.svc.run(_run_id(ctx))
+    assert ctx.request is not None
     raw = ctx.request.query.get("limit", "100")
     if not (0 < len(raw) <= 4 and raw.isdigit() and 1 <= int(raw) <= 1000):
         raise ApiError(ApiErrorCode.INVALID_FIELD, "limit must be an integer in 1..1000", field="query.limit")
@@ -175,6 +176,7 @@ async def events(app: CoordinatorApp, ctx: Ctx) -> web.StreamResponse:
     """SSE: replay the ring after Last-Event-ID (or ?after=), then stream live events."""
     run = app.svc.run(_run_id(ctx))
     req = ctx.request
+    assert req is not None
     raw = req.headers.get("Last-Event-ID") or req.query.get("after") or "0"
     after = int(raw) if raw.isdigit() and len(raw) <= 18 else 0
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})

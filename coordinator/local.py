@@ -9,13 +9,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 from aiohttp import web
 
 from distronet.coordinator.app import CoordinatorApp
 from distronet.coordinator.config import CoordinatorConfig
 from distronet.coordinator.fastpath import install_fast_path
+from distronet.coordinator.hotpath import HotSite
 
 __all__ = ["LocalCoordinator", "local_coordinator"]
 
@@ -40,10 +40,9 @@ async def local_coordinator(
     await runner.setup()
     install_fast_path(runner, app)
     try:
-        site = web.TCPSite(runner, cfg.host, port)
+        site = HotSite(runner, app, cfg.host, port, shutdown_timeout=cfg.shutdown_timeout_s)
         await site.start()
-        server: Any = site._server
-        port = server.sockets[0].getsockname()[1]
+        port = site.port
         yield LocalCoordinator(app, f"http://{cfg.host}:{port}", runner)
     finally:
         await runner.cleanup()

@@ -194,11 +194,12 @@ def _sift(pos: np.ndarray, src: np.ndarray, root: int, end: int) -> None:
 def _gap_body(
     buf: np.ndarray, nbits: int, p: int, n: int, k: int, cn: int, m: int, prm: np.ndarray,
     orders: np.ndarray, ptab: np.ndarray, off: int, idx: np.ndarray, perm: np.ndarray,
-    pa: np.ndarray, pb: np.ndarray, cpos: np.ndarray, csrc: np.ndarray,
+    pa: np.ndarray, pb: np.ndarray, cpos: np.ndarray, csrc: np.ndarray, cnt: np.ndarray,
 ) -> int:  # fmt: skip
-    """One gap-coded body (map ``m`` already read) from ``p``; returns its end, -1 if bad."""
+    """One gap-coded body (map ``m`` already read) from ``p``; returns its end, -1 if bad.
+    ``pa``, ``pb``, ``cpos``, ``csrc``, ``cnt``: scratch of at least n, n * (k - 1), k, k and
+    side + 1 entries."""
     b0a, wa, b0b, wb, bmax, side = prm[0], prm[1], prm[2], prm[3], prm[4], prm[5]
-    cnt = np.empty(side + 1, dtype=np.int64)
     na, nb = n, n * (k - 1)
     fa = p
     if wa != RICE:
@@ -360,11 +361,19 @@ def _walk(
     whether any value moved)."""
     moved = False
     words = _words(buf, nbits)
-    kmax = 1
+    kmax, nmax, bmax = 1, 1, 1  # scratch for every gap-coded body, allocated once
     for t in range(n.size):
         kmax = max(kmax, k[t])
+        nmax = max(nmax, n[t])
+        bmax = max(bmax, n[t] * (k[t] - 1))
     cpos = np.empty(kmax, dtype=np.int64)
     csrc = np.empty(kmax, dtype=np.int64)
+    pa = np.empty(nmax, dtype=np.int64)
+    pb = np.empty(bmax, dtype=np.int64)
+    side_max = 0
+    for g in range(prm.shape[0]):
+        side_max = max(side_max, prm[g, 5])
+    cnt = np.empty(side_max + 1, dtype=np.int64)
     for t in range(n.size):
         off = offsets[t]
         if mode[t] == 0:  # dense: positions 0..cn-1 in every chunk, values as sent
@@ -381,9 +390,6 @@ def _walk(
                 g = grp[t]
                 if m != _IDENTITY and prm[g, 5] == 0:
                     return _BAD, 0, moved
-                nb = n[t] * (k[t] - 1)
-                pa = np.empty(n[t], dtype=np.int64)
-                pb = np.empty(nb, dtype=np.int64)
                 p = _gap_body(
                     words,
                     nbits,
@@ -402,6 +408,7 @@ def _walk(
                     pb,
                     cpos,
                     csrc,
+                    cnt,
                 )
                 if p < 0:
                     return _BAD, 0, moved

@@ -1,18 +1,22 @@
 """Measurements behind `bench codec`: ours and the DeMo reference, same tensors, one process.
 
 * ours, encode: tensors -> per-chunk DCT top-k -> value + index coding -> payload -> signed,
-  zstd-framed step packet (``seal_packet``); decode: every frame -> ``open_packet`` (signature
-  checked) -> ``decode_payload_flat`` (every check of the wire format) -> ``decode_flat``: all
-  tensors of all packets in one buffer, one scatter per packet, one inverse per block shape ->
+  zstd-framed step packet (``seal_packet``); decode: the frames -> ``open_frames`` (the node's
+  own per-frame path, ``node/optim/packets.py``: ``open_packet`` with its signature check, then
+  ``decode_payload_flat`` with every check of the wire format; frames spread over torch's
+  thread count of threads, results in frame order) -> ``decode_flat``: all tensors of all
+  packets in one buffer, one scatter per packet in frame order, one inverse per block shape ->
   dense tensors.
 * reference, encode: einsum DCT -> top-k -> raw int64 indices + fp32 values as bytes;
   decode: bytes -> scatter (mean) -> einsum inverse DCT -> dense tensors. No signature, no zstd.
 * ``decode_16_over_1``: decoding 16 packets over decoding 1 (the first of them), on the full
-  path, exactly what a node does with a round (``node/optim/packets.py``): every frame opened
-  (zstd, msgpack, its own peer's Ed25519 signature), parsed and validated, then one scatter per
-  packet and ONE inverse. The 16 packets are 16 peers' packets: 16 identities, each sending its
-  own momentum (the set's tensors times ``1 + 0.2 * N(0, 1)`` noise per element, seeded per
-  peer), so indices, values, bucket-code parameters and sizes differ as between real peers;
+  path: every frame opened (zstd, msgpack, its own peer's Ed25519 signature), parsed and
+  validated by the node's own ``open_frames`` (what ``open_round`` runs on a round's frames),
+  then one scatter per packet and ONE inverse (``decode_flat``; the optimizer in
+  ``node/optim/distro.py`` still sums each tensor's parts with ``decode_sum``). The 16 packets
+  are 16 peers' packets: 16 identities, each sending its own momentum (the set's tensors times
+  ``1 + 0.2 * N(0, 1)`` noise per element, seeded per peer), so indices, values, bucket-code
+  parameters and sizes differ as between real peers;
   ``kernel_decode_16_over_1`` is the same ratio for coefficients -> dense tensors only
   (``decode_sum_many``: what the aggregation step adds per peer once packets have been checked
   on arrival).
@@ -33,7 +37,6 @@ import torch
 from distronet.kernels.coding import (
     IndexCoding,
     ValueCoding,
-    decode_payload_flat,
     encode_payload,
     encode_tensor,
 )
@@ -42,9 +45,11 @@ from distronet.kernels.decode_batch import decode_flat, decode_sum_many
 from distronet.kernels.demo_reference import DemoReference
 from distronet.kernels.topk import dct_topk
 from distronet.node.bench.codec_tensors import TensorSet
+from distronet.node.optim.packets import open_frames
+from distronet.protocol.errors import RejectCode, Rejected
 from distronet.protocol.identity import Identity
 from distronet.protocol.layout import layout_digest
-from distronet.protocol.packet import open_packet, seal_packet
+from distronet.protocol.packet import seal_packet
 
 __all__ = ["Coding", "Result", "measure"]
 
@@ -134,11 +139,12 @@ class _Ours:
         return decode_sum_many(self.ts.layouts, [[p[i] for p in parts] for i in range(len(self.ts.layouts))])
 
     def decode(self, frames: Sequence[bytes]) -> list[torch.Tensor]:
-        flats = [
-            decode_payload_flat(open_packet(frame, run_id=RUN_ID, layout_digest=self.digest).payload, self.nk)
-            for frame in frames
-        ]
-        return decode_flat(self.ts.layouts, flats)
+        """A round's frames to dense tensors, as a node does (``open_frames``, ``decode_flat``)."""
+        flats = open_frames(frames, run_id=RUN_ID, digest=self.digest, shapes=self.nk)
+        bad = [f for f in flats if isinstance(f, RejectCode)]
+        if bad:
+            raise Rejected(bad[0], "a benchmark packet was refused")
+        return decode_flat(self.ts.layouts, [f for f in flats if not isinstance(f, RejectCode)])
 
 
 class _Ref:

@@ -5,6 +5,10 @@ and whether it travels dense. ``build_packet`` extracts the top-k of each tensor
 space momentum, codes it, and returns the sealed frame plus the dequantised values that were sent
 (for exact error feedback). ``open_round`` verifies and decodes a round's frames, in ascending
 peer-id order, skipping (deterministically: every replica skips the same ones) frames that fail.
+``open_frames`` is its per-frame work (open, verify, parse), shared with ``bench codec``: frames
+are independent, so it spreads them over a few threads (zstd, SHA-256 and the compiled payload
+walk release the GIL; msgpack and cryptography's Ed25519 verify hold it); each result is a pure
+function of its frame, returned in input order, so results never depend on the thread count.
 
 Cost per step: one top-k per tensor, one value/index coding pass, one zstd + Ed25519 signature;
 decoding is linear in the round's bytes.
@@ -14,18 +18,28 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
+import threading
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 
-from distronet.kernels.coding import EncodedTensor, decode_payload, encode_payload, encode_tensor
+from distronet.kernels.coding import (
+    EncodedTensor,
+    FlatPayload,
+    decode_payload_flat,
+    encode_payload,
+    encode_tensor,
+)
 from distronet.kernels.layout import ChunkLayout, plan_layout
 from distronet.kernels.topk import topk_chunks
 from distronet.node.optim.config import DistroConfig
 from distronet.protocol.errors import RejectCode, Rejected
 from distronet.protocol.identity import Identity
 from distronet.protocol.layout import layout_digest
+from distronet.protocol.limits import DEFAULT_LIMITS, Limits
 from distronet.protocol.packet import open_packet, seal_packet
 
 __all__ = [
@@ -35,6 +49,7 @@ __all__ = [
     "TensorPlan",
     "build_packet",
     "make_plans",
+    "open_frames",
     "open_round",
     "run_digest",
 ]
@@ -170,6 +185,91 @@ def build_packet(
     return frame, sent
 
 
+def open_frames(
+    frames: Sequence[bytes],
+    *,
+    run_id: str,
+    digest: bytes,
+    shapes: Sequence[tuple[int, int]],
+    step: int | None = None,
+    peers: Sequence[bytes] | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+    workers: int | None = None,
+) -> list[FlatPayload | RejectCode]:
+    """Open, verify and parse each frame: its payload decoded flat, or why it was refused.
+
+    A frame counts when ``open_packet`` accepts it (signature, run, layout), its signer is
+    ``peers[i]`` (when given; else WRONG_PEER), its step is ``step`` (when given; else
+    STALE_STEP) and its payload decodes against ``shapes`` ((n_chunks, chunk_numel) per tensor
+    id); every check of the wire format runs. Results are in input order and each depends on its
+    frame alone, so they are the same for any ``workers`` (default: torch's intra-op thread
+    count, at most the CPU count; 1 runs inline). Cost per frame: zstd, msgpack, SHA-256 of the
+    payload, one Ed25519 verification, one compiled payload walk.
+    """
+    if peers is not None and len(peers) != len(frames):
+        raise ValueError(f"{len(peers)} peers for {len(frames)} frames")
+    n = len(frames)
+
+    def one(i: int) -> FlatPayload | RejectCode:
+        return _open_one(frames[i], run_id, digest, shapes, step, None if peers is None else peers[i], limits)
+
+    def stride(start: int, every: int) -> list[tuple[int, FlatPayload | RejectCode]]:
+        return [(i, one(i)) for i in range(start, n, every)]
+
+    w = max(1, min(n, _workers() if workers is None else workers))
+    if w == 1:
+        return [one(i) for i in range(n)]
+    pool = _pool(w)
+    futures = [pool.submit(stride, start, w) for start in range(1, w)]
+    out: list[FlatPayload | RejectCode | None] = [None] * n
+    for i, got in [*stride(0, w), *(x for f in futures for x in f.result())]:
+        out[i] = got
+    return [x for x in out if x is not None]
+
+
+def _open_one(
+    frame: bytes,
+    run_id: str,
+    digest: bytes,
+    shapes: Sequence[tuple[int, int]],
+    step: int | None,
+    peer: bytes | None,
+    limits: Limits,
+) -> FlatPayload | RejectCode:
+    try:
+        pkt = open_packet(frame, run_id=run_id, layout_digest=digest, limits=limits)
+        if peer is not None and pkt.peer_id != peer:
+            raise Rejected(RejectCode.WRONG_PEER, "packet signed by another peer")
+        if step is not None and pkt.step != step:
+            raise Rejected(RejectCode.STALE_STEP, f"packet for step {pkt.step}, round {step}")
+        return decode_payload_flat(pkt.payload, shapes, limits)
+    except Rejected as e:
+        return e.code
+
+
+def _workers() -> int:
+    return max(1, min(torch.get_num_threads(), os.cpu_count() or 1))
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_SIZE = 0
+_POOL_LOCK = threading.Lock()
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """A process-wide pool with at least ``workers - 1`` threads (the caller works too)."""
+    global _POOL, _POOL_SIZE
+    helpers = workers - 1
+    with _POOL_LOCK:
+        if _POOL is None or helpers > _POOL_SIZE:
+            old = _POOL
+            _POOL = ThreadPoolExecutor(max_workers=helpers, thread_name_prefix="open-frames")
+            _POOL_SIZE = helpers
+            if old is not None:
+                old.shutdown(wait=False)
+        return _POOL
+
+
 def open_round(
     frames: Mapping[bytes, bytes],
     plans: Sequence[TensorPlan],
@@ -189,36 +289,38 @@ def open_round(
     peers: list[bytes] = []
     rejected: dict[bytes, RejectCode] = {}
     round_hash = hashlib.sha256(digest + step.to_bytes(8, "big"))
-    for pid in sorted(frames):
-        frame_hash = hashlib.sha256(frames[pid]).digest()
-        key = digest + step.to_bytes(8, "big") + pid + frame_hash
-        got = cache.get(key) if cache is not None else None
-        if got is None:
-            got = _decode_frame(frames[pid], pid, cfg, step, digest, shapes)
-            if cache is not None:
-                cache.put(key, got)
-        if isinstance(got, RejectCode):
-            rejected[pid] = got
+    order = sorted(frames)
+    hashes = [hashlib.sha256(frames[pid]).digest() for pid in order]
+    keys = [digest + step.to_bytes(8, "big") + pid + h for pid, h in zip(order, hashes, strict=True)]
+    got: list[_Decoded | None] = [cache.get(key) if cache is not None else None for key in keys]
+    todo = [i for i, g in enumerate(got) if g is None]
+    opened = open_frames(
+        [frames[order[i]] for i in todo],
+        run_id=cfg.run_id,
+        digest=digest,
+        shapes=shapes,
+        step=step,
+        peers=[order[i] for i in todo],
+    )
+    for i, res in zip(todo, opened, strict=True):
+        dec: _Decoded = res if isinstance(res, RejectCode) else _as_parts(res)
+        got[i] = dec
+        if cache is not None:
+            cache.put(keys[i], dec)
+    for pid, frame_hash, one in zip(order, hashes, got, strict=True):
+        assert one is not None
+        if isinstance(one, RejectCode):
+            rejected[pid] = one
             continue
         peers.append(pid)
         round_hash.update(pid + frame_hash)
-        for tid, (idx, val) in got:
+        for tid, (idx, val) in one:
             parts[tid].append((idx.to(device), val.to(device)))
     return DecodedRound(step, tuple(peers), parts, rejected, round_hash.digest())
 
 
-def _decode_frame(
-    frame: bytes, pid: bytes, cfg: DistroConfig, step: int, digest: bytes, shapes: list[tuple[int, int]]
-) -> _Decoded:
-    try:
-        pkt = open_packet(frame, run_id=cfg.run_id, layout_digest=digest)
-        if pkt.peer_id != pid:
-            raise Rejected(RejectCode.WRONG_PEER, "packet signed by another peer")
-        if pkt.step != step:
-            raise Rejected(RejectCode.STALE_STEP, f"packet for step {pkt.step}, round {step}")
-        decoded = decode_payload(pkt.payload, shapes)
-    except Rejected as e:
-        return e.code
+def _as_parts(flat: FlatPayload) -> list[tuple[int, Part]]:
+    """A decoded payload's tensors as ``(tensor id, (idx, val))`` torch views (no copies)."""
     return [
         (
             t.tensor_id,
@@ -227,5 +329,5 @@ def _decode_frame(
                 torch.from_numpy(np.asarray(t.val, dtype=np.float32)),
             ),
         )
-        for t in decoded
+        for t in flat.tensors()
     ]

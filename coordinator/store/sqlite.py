@@ -9,10 +9,12 @@ the sqlite3 module releases the GIL around every statement step, and each time i
 back it may wait a whole switch interval for the busy event-loop thread; one step per table
 instead of one per row keeps a commit from stretching to tens of milliseconds under load.
 
-Checkpoints (copying the WAL back into the database file, and fsyncing it) run every second on
+Checkpoints (copying the WAL back into the database file, and fsyncing it) run every 0.2 s on
 a connection and thread of their own (``PASSIVE``: they never block the writer), not inside
 whichever commit crossed SQLite's 1000-page threshold; the writer keeps a 10,000-page
-threshold as a backstop should the checkpointer fall behind.
+threshold as a backstop should the checkpointer fall behind. Small, frequent checkpoints keep
+each one's disk flush short: a commit's fsync queued behind a checkpoint's waits for it, and
+at 2,000 calls/s once a second made one or two commits a second take over 20 ms.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ __all__ = ["SqliteStore"]
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
-CHECKPOINT_EVERY_S = 1.0
+CHECKPOINT_EVERY_S = 0.2
 _MAX_VALUES = 999  # bound values per statement (SQLite's historical SQLITE_MAX_VARIABLE_NUMBER)
 
 

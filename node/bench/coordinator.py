@@ -54,7 +54,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--duration", type=float, default=10.0, help="seconds of timed load")
     p.add_argument("--warmup", type=float, default=2.0, help="seconds of untimed load first")
     p.add_argument("--rate", type=float, default=2500.0, help="requests scheduled per second")
-    p.add_argument("--concurrency", type=int, default=64, help="keep-alive connections")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=256,
+        help="keep-alive connections (real nodes each hold their own; with too few, calls that"
+        " arrive during a slow commit wait for a free connection and miss the next group commit)",
+    )
     p.add_argument(
         "--peers", type=int, default=250, help="simulated nodes (each under the per-peer rate limit)"
     )

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -35,7 +36,7 @@ import numpy as np
 
 from distronet.kernels.coding_bucket import RICE, centre_out
 from distronet.kernels.coding_index import RankMap, _rank_tables, _side, fixed_width
-from distronet.kernels.coding_jit_sum import values
+from distronet.kernels.coding_jit_sum import HALF_BITS, values
 from distronet.kernels.coding_values import SCALE_TABLE
 
 __all__ = ["HAVE_JIT", "OK", "walk", "walk_tables"]
@@ -77,10 +78,10 @@ def _bits(words: np.ndarray, pos: int, w: int) -> int:
 
 
 @_jit
-def _words(buf: np.ndarray, nbits: int) -> np.ndarray:
-    """The big-endian 32-bit word at every byte of the stream (bytes past ``buf`` read as 0)."""
+def _words(buf: np.ndarray, nbits: int, out: np.ndarray) -> np.ndarray:
+    """The big-endian 32-bit word at every byte of the stream (bytes past ``buf`` read as 0),
+    written to ``out[:(nbits + 7) // 8 + 1]`` (scratch, at least that long); returns ``out``."""
     size = (nbits + 7) >> 3
-    out = np.empty(size + 1, dtype=np.int64)
     safe = min(size + 1, buf.size - 3)
     for i in range(safe):
         out[i] = (
@@ -355,12 +356,12 @@ def _walk(
     grp: np.ndarray, prm: np.ndarray, orders: np.ndarray, ptabs: np.ndarray, offsets: np.ndarray,
     idx: np.ndarray, perm: np.ndarray, sc_n: np.ndarray, sc_lo: np.ndarray, sc_hi: np.ndarray,
     sc_step: np.ndarray, s_b0: int, s_w: int, s_order: np.ndarray, table: np.ndarray,
-    scales: np.ndarray, n_signs: int,
+    scales: np.ndarray, n_signs: int, words: np.ndarray,
 ) -> tuple[int, int, bool]:  # fmt: skip
     """Every tensor's index body, then the scales and the signs: (status, sign bits' start,
     whether any value moved)."""
     moved = False
-    words = _words(buf, nbits)
+    words = _words(buf, nbits, words)
     kmax, nmax, bmax = 1, 1, 1  # scratch for every gap-coded body, allocated once
     for t in range(n.size):
         kmax = max(kmax, k[t])
@@ -476,6 +477,20 @@ def _walk_tables(
 
 
 _TABLE = SCALE_TABLE.astype(np.float32)
+_SCRATCH = threading.local()
+_SCRATCH_KEEP = 1 << 22  # entries of int64 scratch a thread keeps between packets (32 MiB)
+
+
+def _scratch(name: str, size: int) -> np.ndarray:
+    """This thread's int64 scratch array ``name`` of at least ``size`` entries. Kept between
+    calls up to :data:`_SCRATCH_KEEP` entries: fresh pages cost a page fault each, which for a
+    big payload's permutation and word table cost as much as the walk."""
+    arr: np.ndarray | None = getattr(_SCRATCH, name, None)
+    if arr is None or arr.size < size:
+        arr = np.empty(max(size, 4096), dtype=np.int64)
+        if arr.size <= _SCRATCH_KEEP:
+            setattr(_SCRATCH, name, arr)
+    return arr
 
 
 def walk(
@@ -508,8 +523,8 @@ def walk(
     """
     total = int(offsets[-1])
     idx = np.empty(total, dtype=np.int64)
-    perm = np.empty(total, dtype=np.int64)
     val = np.empty(total, dtype=np.float32)
+    perm = _scratch("perm", total)
     sc_n, sc_lo, sc_hi, sc_step = scaled
     scales = np.empty(int(sc_n.sum()), dtype=np.float32)
     prm, orders, ptabs = tables
@@ -518,7 +533,7 @@ def walk(
     status = _walk_values(
         buf, nbits, pos, n, k, cn, mode, grp, prm, orders, ptabs, offsets, idx, perm,
         sc_n, sc_lo, sc_hi, sc_step, s_b0, s_w, _order(s_b0, _SCALE_BMAX), _TABLE, scales, n_signs,
-        vstart, vc, voff, soff, goff, val,
+        vstart, vc, voff, soff, goff, HALF_BITS, val, _scratch("words", ((nbits + 7) >> 3) + 1),
     )  # fmt: skip
     return int(status), idx, val
 
@@ -530,13 +545,15 @@ def _walk_values(
     idx: np.ndarray, perm: np.ndarray, sc_n: np.ndarray, sc_lo: np.ndarray, sc_hi: np.ndarray,
     sc_step: np.ndarray, s_b0: int, s_w: int, s_order: np.ndarray, table: np.ndarray,
     scales: np.ndarray, n_signs: int, vstart: int, vc: np.ndarray, voff: np.ndarray, soff: np.ndarray,
-    goff: np.ndarray, val: np.ndarray,
+    goff: np.ndarray, half: np.ndarray, val: np.ndarray, words: np.ndarray,
 ) -> int:  # fmt: skip
     """:func:`_walk`, then :func:`coding_jit_sum.values` into ``val``; the first failure's status."""
     status, sign_start, moved = _walk(
         buf, nbits, p, n, k, cn, mode, grp, prm, orders, ptabs, offsets, idx, perm,
-        sc_n, sc_lo, sc_hi, sc_step, s_b0, s_w, s_order, table, scales, n_signs,
+        sc_n, sc_lo, sc_hi, sc_step, s_b0, s_w, s_order, table, scales, n_signs, words,
     )  # fmt: skip
     if status != OK:
         return status
-    return values(buf, vstart, sign_start, n, k, offsets, vc, voff, soff, goff, perm, moved, scales, val)
+    return values(
+        buf, vstart, sign_start, n, k, offsets, vc, voff, soff, goff, perm, moved, scales, half, val
+    )

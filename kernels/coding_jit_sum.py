@@ -5,9 +5,9 @@ Two loops that used to be a dozen numpy passes per packet:
 * :func:`values` turns a payload's value section, per-chunk scales and sign bits into the
   float32 value of every output slot (wire values moved along the walk's permutation), with the
   finiteness check of every coding but SIGN1. Bit-exact with numpy's conversions: fp32 and bf16
-  are bit copies, fp16 is widened exactly (normals by re-biasing the exponent, subnormals
-  ``m * 2**-24`` renormalised), int8 is ``float32(q) * scale`` (one float32 rounding, as
-  ``np.multiply(q, scale, dtype=float32)``), sign1 is ``±scale``.
+  are bit copies, fp16 goes through a table of numpy's own conversion of every half, int8 is
+  ``float32(q) * scale`` (one float32 rounding, as ``np.multiply(q, scale, dtype=float32)``),
+  sign1 is ``±scale``.
 * :func:`scatter_flat` adds decoded payloads into one flat float32 coefficient buffer, entry by
   entry in payload order. Per element that is the same sequence of float32 additions, from
   zero, as ``torch.index_add_`` over the payloads' entries concatenated in the same order (the
@@ -52,27 +52,20 @@ def _u16(buf: np.ndarray, a: int) -> int:
     return int(buf[a]) | (int(buf[a + 1]) << 8)
 
 
-@_jit
-def _half_bits(h: int) -> int:
-    """float32 bit pattern of the IEEE half ``h`` (finite: the caller checked the exponent)."""
-    sign = (h >> 15) << 31
-    e = (h >> 10) & 0x1F
-    m = h & 0x3FF
-    if e:
-        return sign | ((e + 112) << 23) | (m << 13)
-    if m == 0:
-        return sign
-    p = 9  # subnormal: m * 2**-24 = 2**(p - 24) * (m / 2**p), p the top bit of m
-    while not (m >> p) & 1:
-        p -= 1
-    return sign | ((p + 103) << 23) | ((m ^ (1 << p)) << (23 - p))
+def _half_table() -> np.ndarray:
+    """float32 bit pattern of every IEEE half, by numpy's own (exact) conversion."""
+    out: np.ndarray = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32).view(np.uint32)
+    return out
+
+
+HALF_BITS = _half_table()  # 256 KiB; passed to :func:`values`
 
 
 @_jit
 def values(
     buf: np.ndarray, vstart: int, sign_start: int, n: np.ndarray, k: np.ndarray, offsets: np.ndarray,
     vc: np.ndarray, voff: np.ndarray, soff: np.ndarray, goff: np.ndarray, perm: np.ndarray, moved: bool,
-    scales: np.ndarray, out: np.ndarray,
+    scales: np.ndarray, half: np.ndarray, out: np.ndarray,
 ) -> int:  # fmt: skip
     """Fill ``out`` (float32, one per output slot); 0, or :data:`BAD_VALUE` on a non-finite value.
 
@@ -80,40 +73,42 @@ def values(
     ``vstart``, its first chunk's row in ``scales`` (``soff[t]``, scaled codings) and its sign
     bits' offset ``goff[t]`` from bit ``sign_start`` (SIGN1). Output slot ``i`` of tensor ``t``
     takes wire value ``perm[i]`` when ``moved`` (a walk's sort moved it), else its own.
+    ``half`` is :data:`HALF_BITS`.
     """
     bits = out.view(np.uint32)
     for t in range(n.size):
         kt, off, code = k[t], offsets[t], vc[t]
         at = vstart + voff[t]
-        for c in range(n[t]):
-            scale = scales[soff[t] + c] if code >= _INT8 else np.float32(0.0)
-            for j in range(kt):
-                i = off + c * kt + j
-                w = perm[i] - off if moved else c * kt + j
-                if code == _FP32:
-                    a = at + 4 * w
-                    b = _u16(buf, a) | (_u16(buf, a + 2) << 16)
-                    if b & _EXP32 == _EXP32:
-                        return BAD_VALUE
-                    bits[i] = b
-                elif code == _FP16:
-                    h = _u16(buf, at + 2 * w)
-                    if h & 0x7C00 == 0x7C00:
-                        return BAD_VALUE
-                    bits[i] = _half_bits(h)
-                elif code == _BF16:
-                    b = _u16(buf, at + 2 * w) << 16
-                    if b & _EXP32 == _EXP32:
-                        return BAD_VALUE
-                    bits[i] = b
-                elif code == _INT8:
-                    q = int(buf[at + w])
+        count = n[t] * kt
+        if code == _FP32:
+            for i in range(off, off + count):
+                a = at + 4 * (perm[i] - off if moved else i - off)
+                b = _u16(buf, a) | (_u16(buf, a + 2) << 16)
+                if b & _EXP32 == _EXP32:
+                    return BAD_VALUE
+                bits[i] = b
+        elif _FP16 <= code <= _BF16:
+            for i in range(off, off + count):
+                h = _u16(buf, at + 2 * (perm[i] - off if moved else i - off))
+                b = half[h] if code == _FP16 else h << 16
+                if b & _EXP32 == _EXP32:
+                    return BAD_VALUE
+                bits[i] = b
+        elif code == _INT8:
+            for c in range(n[t]):
+                scale = scales[soff[t] + c]
+                for i in range(off + c * kt, off + (c + 1) * kt):
+                    q = int(buf[at + (perm[i] - off if moved else i - off)])
                     v = np.float32(q - 256 if q > 127 else q) * scale
                     if not np.isfinite(v):
                         return BAD_VALUE
                     out[i] = v
-                else:
-                    g = sign_start + goff[t] + w
+        else:
+            g0 = sign_start + goff[t]
+            for c in range(n[t]):
+                scale = scales[soff[t] + c]
+                for i in range(off + c * kt, off + (c + 1) * kt):
+                    g = g0 + (perm[i] - off if moved else i - off)
                     out[i] = -scale if (buf[g >> 3] >> (7 - (g & 7))) & 1 else scale
     return 0
 

@@ -25,6 +25,7 @@ Cost: about 40 µs of parsing and writing per hot call in place of aiohttp's ~15
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -48,6 +49,8 @@ __all__ = ["HotProtocol", "HotSite"]
 log = logging.getLogger(__name__)
 
 MAX_HEAD = 8190  # aiohttp's own line limit: a head we take is never one aiohttp would refuse
+IDLE_TIMEOUT_S = 75.0  # aiohttp's keep-alive timeout: a connection silent this long is closed
+SWEEP_EVERY_S = 5.0
 _HEAD_END = b"\r\n\r\n"
 _TARGET = re.compile(r"/[!-~]*")
 # Header lines: a token, a colon, visible ASCII, space or tab (no obs-fold, no control bytes).
@@ -164,6 +167,7 @@ class HotProtocol(asyncio.Protocol):
         self.buf = bytearray()
         self.busy = False  # a call is waiting for its commit
         self.paused = False
+        self.heard = time.monotonic()  # last bytes received (idle connections are closed)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -176,6 +180,7 @@ class HotProtocol(asyncio.Protocol):
         self.shared.gone(self)
 
     def data_received(self, data: bytes) -> None:
+        self.heard = time.monotonic()
         self.buf += data
         if self.busy:
             if len(self.buf) > 2 * MAX_HEAD and not self.paused and self.transport is not None:
@@ -334,6 +339,7 @@ class HotSite(web.BaseSite):
         self._host, self._port, self._reuse = host, port, reuse_address
         self._timeout = shutdown_timeout
         self._bound: int | None = None
+        self._sweeper: asyncio.Task[None] | None = None
 
     @property
     def name(self) -> str:
@@ -356,8 +362,23 @@ class HotSite(web.BaseSite):
         )
         self._server = server
         self._bound = server.sockets[0].getsockname()[1] if server.sockets else self._port
+        self._sweeper = asyncio.create_task(self._sweep(), name="hot-idle-sweep")
+
+    async def _sweep(self) -> None:
+        """Close connections silent for IDLE_TIMEOUT_S with no call in flight (every
+        SWEEP_EVERY_S; also bounds how long a half-sent head can hold a connection)."""
+        while True:
+            await asyncio.sleep(SWEEP_EVERY_S)
+            old = time.monotonic() - IDLE_TIMEOUT_S
+            for conn in [c for c in self._hot.conns if c.heard < old]:
+                conn.close_if_idle()
 
     async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
         await super().stop()
         shared = self._hot
         shared.stopping = True

@@ -12,6 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from distronet.coordinator import hotpath
 from distronet.coordinator.config import CoordinatorConfig
 from distronet.coordinator.hotpath import parse_head
 from distronet.coordinator.local import LocalCoordinator, local_coordinator
@@ -188,3 +189,14 @@ async def test_shutdown_closes_its_connections(tmp_path: Path) -> None:
     assert await asyncio.wait_for(reader.read(), 10) == b""
     idle_w.close()
     writer.close()
+
+
+async def test_silent_connections_are_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hotpath, "IDLE_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(hotpath, "SWEEP_EVERY_S", 0.05)
+    async with local_coordinator(_cfg(tmp_path)) as lc:
+        host, port = lc.url.split("//")[1].split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"POST /api/v1/runs/r1/heartbeat HTTP/1.1\r\n")  # a head that never ends
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+        writer.close()

@@ -59,10 +59,11 @@ class DistroConfig:
     (every coefficient, no index bits) with ``dense_value_coding``. ``k_start`` > ``k`` starts
     with a larger k and decays it linearly to ``k`` over ``k_decay_steps``.
 
-    Overlap (``overlap``): rounds apply one step late; ``overlap_lookahead`` stands in a guess of
-    the update in flight, ``overlap_predict`` says which: ``"last"`` (the previous update) or
-    ``"own"`` (the rule applied to this peer's own packet for that step) or ``"ema"`` (a running
-    mean of the applied updates with factor ``overlap_ema``).
+    Overlap (``overlap``): rounds apply one step late from step ``overlap_start`` on (earlier
+    steps run synchronously); ``overlap_lookahead`` stands in a guess of the update in flight,
+    scaled by ``overlap_scale`` (in [0, 2]); ``overlap_predict`` says which: ``"last"`` (the
+    previous update) or ``"own"`` (the rule applied to this peer's own packet for that step) or
+    ``"ema"`` (a running mean of the applied updates with factor ``overlap_ema``).
 
     Outer momentum (``outer_momentum`` μ > 0): every replica keeps the same buffer of the mean
     aggregates, ``M ← μ·M + D`` (replicated state, parameter shape), and the update rule is
@@ -92,6 +93,8 @@ class DistroConfig:
     overlap_lookahead: bool = True
     overlap_predict: str = "last"
     overlap_ema: float = 0.9
+    overlap_scale: float = 1.0
+    overlap_start: int = 0
     outer_momentum: float = 0.0
     outer_nesterov: bool = False
     ns_steps: int = 5
@@ -118,6 +121,8 @@ class DistroConfig:
             f"unknown overlap_predict {self.overlap_predict!r}",
         )
         _check(0.0 <= self.overlap_ema < 1.0, f"overlap_ema must be in [0, 1), got {self.overlap_ema}")
+        _check(0.0 <= self.overlap_scale <= 2.0, f"overlap_scale must be in [0, 2], got {self.overlap_scale}")
+        _check(self.overlap_start >= 0, f"overlap_start must be >= 0, got {self.overlap_start}")
         _check(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         _check(0.0 <= self.outer_momentum < 1.0, f"outer_momentum not in [0, 1): {self.outer_momentum}")
         _check(1 <= self.ns_steps <= 20, f"ns_steps must be in [1, 20], got {self.ns_steps}")

@@ -15,13 +15,17 @@ atomics). If this peer's own packet is not in the accepted set, what it sent is 
 its momentum, so nothing is lost.
 
 Overlap (``cfg.overlap``): ``step`` publishes step t's packet and applies round t − 1, so the
-exchange of t runs while t + 1 computes. The replicas keep a bit-identical *consensus* copy θ̄
-that only ever receives aggregated updates; the model's parameters are θ̄ − lr·U_{t−1}
-(``overlap_lookahead``): the last update stands in for the one still in flight and is replaced
-(corrected) by the real one when it arrives; with ``overlap_predict="own"`` the stand-in is the
-rule applied to this peer's own packet for the step in flight instead, with ``"ema"`` a running
-mean of the applied updates (replicated state). ``flush()`` applies the
-last round and sets θ = θ̄.
+exchange of t runs while t + 1 computes (steps before ``overlap_start`` run synchronously). The
+replicas keep a bit-identical *consensus* copy θ̄ that only ever receives aggregated updates; the
+model's parameters are θ̄ − α·lr_{t}·Ĝ (``overlap_lookahead``, α = ``overlap_scale``): a guess Ĝ
+stands in for the update U_t still in flight and is replaced (corrected) by the real one when it
+arrives. Ĝ (``overlap_predict``): ``"last"`` the last applied update U_{t−1}, ``"ema"`` a running
+mean of the applied updates (replicated state), ``"own"`` the rule applied to this peer's own
+packet for step t (through the outer-momentum buffer when there is one; the parameters then
+differ between replicas by their guesses, the consensus never does). Consecutive DisTrO updates
+are nearly uncorrelated (top-k extraction drains what was sent), so ``"last"`` predicts U_t
+poorly (cosine ≈ 0.05 on the default GPT) and ``"own"`` best (≈ 0.45; docs/benchmarks.md).
+``flush()`` applies the last round and sets θ = θ̄.
 
 Replicas sharing a ``DecodeCache`` (the in-process swarm) also share each round's aggregate and
 stateless update directions, computed once per round instead of once per replica.
@@ -118,6 +122,7 @@ class DistroOptimizer(torch.optim.Optimizer):
         self._t = 0
         self._begun = False
         self._pending: dict[int, _Pending] = {}
+        self._last_u: list[torch.Tensor] = []  # overlap: the last applied update of each parameter
         self.reports: list[StepReport] = []
 
     @property
@@ -161,11 +166,19 @@ class DistroOptimizer(torch.optim.Optimizer):
         """Collect and apply the due round (step t, or t − 1 when overlapped); advance to t + 1."""
         if not self._begun:
             raise ConfigError("finish_step() called without begin_step()")
-        due = self._t - 1 if self.cfg.overlap else self._t
-        if due >= 0:
-            self._apply(self.exchange.collect(due))
+        t, cfg = self._t, self.cfg
+        if not self.overlapped(t):
+            self._apply(self.exchange.collect(t), lookahead=False)
+        elif t - 1 >= cfg.overlap_start:
+            self._apply(self.exchange.collect(t - 1))
+        elif t > 0 and cfg.overlap_lookahead:  # first overlapped step: round t - 1 already applied
+            self._set_lookahead(t, self._last_u)
         self._begun = False
         self._t += 1
+
+    def overlapped(self, step: int) -> bool:
+        """Whether ``step``'s round is applied one step late (``overlap``, from ``overlap_start``)."""
+        return self.cfg.overlap and step >= self.cfg.overlap_start
 
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         """One full step: ``begin_step()`` then ``finish_step()``. Returns ``closure()``'s loss."""
@@ -183,7 +196,7 @@ class DistroOptimizer(torch.optim.Optimizer):
         if not self.cfg.overlap or self._t == 0:
             return
         last = self._t - 1
-        if last in self._pending:
+        if last in self._pending and self.overlapped(last):
             self._apply(self.exchange.collect(last), lookahead=False)
         for p in self._params:
             p.copy_(self.state[p]["consensus"])
@@ -270,6 +283,10 @@ class DistroOptimizer(torch.optim.Optimizer):
         d = decode_sum(plan.layout, [(sent.idx, sent.val)], dtype=torch.float32, device=p.device)
         rule = self._rule_for(plan)
         st = self.state[p]
+        mu, buf = self.cfg.outer_momentum, st.get("outer")
+        if mu and buf is not None:  # the outer buffer the round in flight will meet: μ·M + D
+            m_next = buf.reshape(d.shape) * mu + d
+            d = d + mu * m_next if self.cfg.outer_nesterov else m_next
         if rule is UpdateRule.ADAM and "v" in st:
             v_hat: torch.Tensor = st["v"] / (1.0 - self.cfg.beta2 ** st.get("n", 1))
             return (d / (v_hat.sqrt() + self.cfg.adam_eps)).to(p.dtype)
@@ -293,12 +310,11 @@ class DistroOptimizer(torch.optim.Optimizer):
                 m.scatter_add_(1, s.idx, s.val)
         self.reports.append(StepReport(rnd.step, pending.lr, dec.peers, dec.rejected, own))
         n, lr = len(dec.peers), pending.lr
-        next_lr = lr_at(cfg, rnd.step + 1) if (lookahead and cfg.overlap_lookahead) else 0.0
         shared = (
             self.decode_cache.round_tensors(dec.key) if (self.decode_cache is not None and dec.key) else {}
         )
-        own_next = self._pending.get(rnd.step + 1) if (next_lr and cfg.overlap_predict == "own") else None
-        for i, (plan, p) in enumerate(zip(self.plans, self._params, strict=True)):
+        applied: list[torch.Tensor] = []
+        for plan, p in zip(self.plans, self._params, strict=True):
             base = self.state[p]["consensus"] if cfg.overlap else p
             if n:
                 u = self._update(plan, p, dec, shared)
@@ -309,11 +325,27 @@ class DistroOptimizer(torch.optim.Optimizer):
                 u = torch.zeros_like(p)
             if cfg.overlap:
                 p.copy_(base)
-                if next_lr:
-                    if own_next is not None:
-                        guess = self._predict(plan, p, own_next.sent[i])
-                    elif cfg.overlap_predict == "ema":
-                        guess = self._ema(p, u)
-                    else:
-                        guess = u
-                    p.add_(guess, alpha=-next_lr)
+            applied.append(u)
+        if cfg.overlap:
+            self._last_u = applied
+        if lookahead and cfg.overlap_lookahead:
+            self._set_lookahead(rnd.step + 1, applied)
+
+    @torch.no_grad()
+    def _set_lookahead(self, step: int, last: list[torch.Tensor]) -> None:
+        """Overlap: the model's parameters become ``θ̄ − overlap_scale·lr(step)·guess`` for round
+        ``step`` still in flight (``overlap_predict``: ``last`` update, ``ema`` of the updates,
+        or the rule on this peer's ``own`` packet for that step)."""
+        cfg = self.cfg
+        own = self._pending.get(step) if cfg.overlap_predict == "own" else None
+        alpha = -lr_at(cfg, step) * cfg.overlap_scale
+        for i, (plan, p) in enumerate(zip(self.plans, self._params, strict=True)):
+            if own is not None:
+                guess = self._predict(plan, p, own.sent[i])
+            elif not last:
+                continue
+            elif cfg.overlap_predict == "ema":
+                guess = self._ema(p, last[i])
+            else:
+                guess = last[i]
+            p.add_(guess, alpha=alpha)

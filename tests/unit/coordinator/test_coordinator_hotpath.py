@@ -200,3 +200,45 @@ async def test_silent_connections_are_closed(tmp_path: Path, monkeypatch: pytest
         writer.write(b"POST /api/v1/runs/r1/heartbeat HTTP/1.1\r\n")  # a head that never ends
         assert await asyncio.wait_for(reader.read(), 10) == b""
         writer.close()
+
+
+class _Transport:
+    """What HotProtocol needs of a transport; keeps what it writes."""
+
+    def __init__(self) -> None:
+        self.out = bytearray()
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.out += data
+
+    def get_extra_info(self, name: str) -> object:
+        return ("127.0.0.1", 1) if name == "peername" else None
+
+    def close(self) -> None:
+        self.closed = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+async def test_a_request_fed_byte_by_byte_is_answered_once(tmp_path: Path) -> None:
+    async with local_coordinator(_cfg(tmp_path)) as lc:
+        me = await _started(tmp_path, lc)
+        conn = hotpath.HotProtocol(hotpath._Shared(lc.app, lc.runner))
+        t = _Transport()
+        conn.connection_made(t)  # type: ignore[arg-type]
+        data = _request(me, HB, b'{"step":2,"loss":1.0}') + _request(me, HB, b'{"step":3,"loss":1.0}')
+        for i in range(len(data)):
+            conn.data_received(data[i : i + 1])
+        for _ in range(100):  # each answer waits for its commit; the second is read after the first
+            if t.out.count(b"HTTP/1.1 ") == 2:
+                break
+            await lc.app.committer.flush()
+            await asyncio.sleep(0)  # the commit's done-callbacks run on the next loop turn
+        answers = bytes(t.out).split(b"HTTP/1.1 ")[1:]
+        assert [a[:3] for a in answers] == [b"200", b"200"] and not t.closed
+        assert answers[1].endswith(b'{"renewed":0,"peers_live":1,"step":3}')

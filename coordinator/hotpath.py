@@ -145,6 +145,8 @@ class _Shared:
         self.conns: set[HotProtocol] = set()
         self.stopping = False
         self.drained = asyncio.Event()
+        self.hot_calls = 0  # requests answered on the hot path
+        self.handed_over = 0  # connections given to aiohttp
         self.routes: dict[str, tuple[Route, Any, int]] = {
             r.name: (r, getattr(handlers, r.name), app.route_limit(r))
             for r in ROUTES
@@ -232,6 +234,7 @@ class HotProtocol(asyncio.Protocol):
     def _call(self, head: _Head, route: Route, op: Any, limit: int, body: bytes) -> None:
         app = self.shared.app
         t0 = time.perf_counter()
+        self.shared.hot_calls += 1
         hdrs = head.headers
         try:
             app.admit(head.length, limit)
@@ -299,6 +302,7 @@ class HotProtocol(asyncio.Protocol):
         assert server is not None
         handler = server()
         self.transport = None
+        self.shared.handed_over += 1
         self.shared.gone(self)
         t.set_protocol(handler)
         handler.connection_made(t)
@@ -344,6 +348,16 @@ class HotSite(web.BaseSite):
     @property
     def name(self) -> str:
         return f"http://{self._host}:{self.port}"
+
+    @property
+    def hot_calls(self) -> int:
+        """Requests answered on the hand-written path so far."""
+        return self._hot.hot_calls
+
+    @property
+    def handed_over(self) -> int:
+        """Connections handed to aiohttp so far."""
+        return self._hot.handed_over
 
     @property
     def port(self) -> int:

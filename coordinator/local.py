@@ -1,7 +1,7 @@
 """An in-process coordinator on a loopback port, for tests and tools (real HTTP, real store).
 
 async with local_coordinator(CoordinatorConfig(db="sqlite:///tmp/c.db", operator_token="t")) as lc:
-    ...  # lc.url, lc.app (CoordinatorApp)
+    ...  # lc.url, lc.app (CoordinatorApp), lc.site (HotSite: its hot_calls, handed_over)
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ class LocalCoordinator:
     app: CoordinatorApp
     url: str
     runner: web.AppRunner
+    site: HotSite
 
 
 @contextlib.asynccontextmanager
@@ -43,6 +44,6 @@ async def local_coordinator(
         site = HotSite(runner, app, cfg.host, port, shutdown_timeout=cfg.shutdown_timeout_s)
         await site.start()
         port = site.port
-        yield LocalCoordinator(app, f"http://{cfg.host}:{port}", runner)
+        yield LocalCoordinator(app, f"http://{cfg.host}:{port}", runner, site)
     finally:
         await runner.cleanup()

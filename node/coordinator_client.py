@@ -111,6 +111,14 @@ class JoinResult:
     max_leases: int
 
 
+_HOT_SUFFIXES = ("/heartbeat", "/leases", "/renew", "/complete")
+
+
+def _is_hot(method: str, full: str) -> bool:
+    """Whether a call goes to one of the coordinator's four hot node routes."""
+    return method == "POST" and full.endswith(_HOT_SUFFIXES)
+
+
 def sign_receipt(
     signer: Signer, run_id: str, step: int, producer_b58: str, payload_sha256: str
 ) -> dict[str, Any]:
@@ -155,6 +163,7 @@ class CoordinatorClient:
         self.buffer_path = Path(buffer_path) if buffer_path is not None else None
         self.retry_min_s, self.retry_max_s = retry_min_s, retry_max_s
         self._session: aiohttp.ClientSession | None = None
+        self._hot_session: aiohttp.ClientSession | None = None  # hot routes' own connections
         self._buffer: deque[dict[str, Any]] = deque()
         self._replayer: asyncio.Task[None] | None = None
         self._flush_lock = asyncio.Lock()
@@ -179,15 +188,25 @@ class CoordinatorClient:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._replayer
             self._replayer = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for sess in (self._session, self._hot_session):
+            if sess is not None:
+                await sess.close()
+        self._session = self._hot_session = None
 
     # ---------------------------------------------------------------- transport
 
-    def _sess(self) -> aiohttp.ClientSession:
+    def _sess(self, hot: bool = False) -> aiohttp.ClientSession:
+        """The HTTP session for a call. The four hot routes (heartbeat, lease, renew, complete)
+        keep connections of their own: the coordinator serves them on a hand-written path
+        (``coordinator/hotpath.py``) until a connection carries any other call, which hands it
+        to aiohttp for good."""
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        if hot:
+            if self._hot_session is None:
+                self._hot_session = aiohttp.ClientSession(timeout=timeout)
+            return self._hot_session
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+            self._session = aiohttp.ClientSession(timeout=timeout)
         return self._session
 
     async def _call(
@@ -225,7 +244,7 @@ class CoordinatorClient:
         self, method: str, full: str, data: bytes, headers: dict[str, str]
     ) -> tuple[int, Any, bytes]:
         try:
-            async with self._sess().request(
+            async with self._sess(_is_hot(method, full)).request(
                 method, self.base_url + full, data=data or None, headers=headers
             ) as r:
                 raw = await r.read()

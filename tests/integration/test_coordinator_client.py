@@ -98,3 +98,22 @@ async def test_queued_reports_survive_a_daemon_restart(tmp_path: Path) -> None:
             await _until(lambda: c.pending == 0)
         assert lc.app.svc.runs["r1"].nodes[a.peer_id_b58].shards == 1
     assert buf.read_text() == ""
+
+
+async def test_hot_calls_keep_the_hand_written_path(tmp_path: Path) -> None:
+    """join/session travel on connections aiohttp serves; heartbeat, lease, renew and complete
+    keep connections of their own, so the coordinator answers them on its hot path."""
+    cfg = CoordinatorConfig(db=f"sqlite:///{tmp_path / 'c.db'}", operator_token="t")
+    async with local_coordinator(cfg) as lc:
+        lc.app.svc.create_run(_spec())
+        async with CoordinatorClient(lc.url, "r1", Identity.generate()) as client:
+            await client.join()
+            handed = lc.site.handed_over
+            assert handed >= 1  # the join (not a hot route) went to aiohttp
+            (lease,) = await client.lease()
+            await client.renew(lease)
+            assert await client.heartbeat(3, loss=2.5) is not None
+            assert (await client.complete(lease) or {}).get("credited") is True
+            await client.get_run()  # not hot: back on the connection aiohttp already serves
+        assert lc.site.hot_calls == 4
+        assert lc.site.handed_over == handed  # the hot calls' connection was never handed over

@@ -5,7 +5,9 @@
 SPEC = ROW:LR[:FIELD=VALUE,...][@VARIANT]
   ROW      a bench row (adamw, demo-ref, ours-k32, ours-k4-1bit) or a DistroConfig preset name
   FIELD    DistroConfig fields changed on top of the preset (VALUE parsed as JSON, else string)
-  VARIANT  die=STEP (peer 1 of 4 dies at STEP) | overlap
+  VARIANT  die=STEP (peer 1 of 4 dies at STEP) | overlap | curve (the clean run through
+           ``run_swarm``, same computation as ``run_row``, also logging the peers' mean train
+           loss over each 50 steps as "curve")
 
 A plain SPEC runs ``converge_train.run_row`` under ``BenchSetting(steps=...)`` (the exact
 computation of ``distro-node bench converge``), so a result equals the bench row's. Each run
@@ -108,6 +110,9 @@ for spec in a.specs:
             identical=len({param_digest(m) for m in live}) == 1,
             alive=len(live),
         )
+        if variant == "curve":
+            w = [res.mean_loss(t) for t in range(s.steps)]
+            out["curve"] = [round(float(np.nanmean(w[t : t + 50])), 4) for t in range(0, s.steps, 50)]
     line = {
         "spec": spec,
         "row": row,

@@ -57,6 +57,15 @@ def _jit(fn: F) -> F:
     return cast(F, numba.njit(cache=True, nogil=True, boundscheck=False)(fn))
 
 
+def _inline(fn: F) -> F:
+    """:func:`_jit`, inlined into its callers by numba: a call that passes arrays to a compiled
+    function that is not inlined costs two atomic reference-count updates per array, which in
+    per-symbol helpers was over half of a payload walk (perf)."""
+    if not HAVE_JIT:  # pragma: no cover
+        return fn
+    return cast(F, numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")(fn))
+
+
 OK = 0
 _BAD = 1
 _WIDTH = np.array([max(b - 1, 0) for b in range(16)], dtype=np.int64)  # mantissa bits of bucket b
@@ -68,13 +77,16 @@ _SCALE_BMAX = 12
 _INSERTION_MAX_K = 32  # per-chunk sorts: insertion sort up to here, heap sort above (no O(k^2) blow-up)
 
 
-@_jit
-def _bits(words: np.ndarray, pos: int, w: int) -> int:
-    """``w`` (<= 25) bits at ``pos``, MSB-first; the caller checked ``pos + w <= nbits``.
+@_inline
+def _bits(word: int, pos: int, w: int) -> int:
+    """``w`` (<= 25) bits at ``pos``, MSB-first, from ``word = words[pos >> 3]``, the big-endian
+    32-bit word at that byte (:func:`_words`); the caller checked ``pos + w <= nbits``.
 
-    ``words[i]`` is the big-endian 32-bit word starting at byte ``i`` (:func:`_words`).
+    Scalars only, indexing in the caller: a compiled helper that takes an array pays two atomic
+    reference-count updates per call, which in these per-symbol helpers was over half of a
+    payload walk (perf).
     """
-    return int((words[pos >> 3] >> (32 - (pos & 7) - w)) & ((np.int64(1) << w) - 1))
+    return int((word >> (32 - (pos & 7) - w)) & ((np.int64(1) << w) - 1))
 
 
 @_jit
@@ -95,63 +107,69 @@ def _words(buf: np.ndarray, nbits: int, out: np.ndarray) -> np.ndarray:
     return out
 
 
-@_jit
-def _unary(buf: np.ndarray, nbits: int, pos: int, max_value: int) -> tuple[int, int]:
-    """One unary code at ``pos``: (value, position after it); value -1 if too long or cut off.
-
-    Eight bits at a time: the leading ones of a byte come from :data:`_LEAD_ONES`.
-    """
-    v = 0
-    while pos + 8 <= nbits:
-        ones = _LEAD_ONES[_bits(buf, pos, 8)]
-        v += ones
-        if v > max_value:
-            return -1, pos
-        if ones < 8:
-            return v, pos + ones + 1
-        pos += 8
-    while pos < nbits:
-        bit = (buf[pos >> 3] >> (31 - (pos & 7))) & 1
-        pos += 1
-        if bit == 0:
-            return v, pos
-        v += 1
-        if v > max_value:
-            return -1, pos
-    return -1, pos
+@_inline
+def _unary_step(word: int, pos: int, nbits: int) -> int:
+    """Leading ones of the unary code at ``pos`` (``word = words[pos >> 3]``): 0-8 when the next
+    8 bits are in the stream (8: all ones, the code goes on), else 0 or 1 for the single bit at
+    ``pos`` (the caller checked ``pos < nbits``); 9 + that bit marks the single-bit case."""
+    if pos + 8 <= nbits:
+        return int(_LEAD_ONES[_bits(word, pos, 8)])
+    return 9 + int((word >> (31 - (pos & 7))) & 1)
 
 
-@_jit
+@_inline
 def _prefixes(
     buf: np.ndarray, nbits: int, fstart: int, esc: int, count: int, b0: int, w: int, bmax: int,
     order: np.ndarray, out: np.ndarray,
 ) -> int:  # fmt: skip
     """Buckets (bucket code) or quotients (Rice) of ``count`` symbols whose fields start at
     ``fstart`` and escapes at ``esc``; returns the position after the escapes, -1 if bad."""
-    if w == RICE:
-        top = ((1 << bmax) - 1) >> b0
-        for i in range(count):
-            q, esc = _unary(buf, nbits, esc, top)
-            if q < 0:
-                return -1
-            out[i] = q
-        return esc
-    lim = (1 << w) - 1
-    emax = max(bmax - lim, 0)
+    rice = w == RICE
+    lim = (1 << w) - 1 if not rice else 0
+    top = ((1 << bmax) - 1) >> b0 if rice else max(bmax - lim, 0)
     for i in range(count):
-        f = _bits(buf, fstart + i * w, w) if w else 0
-        if f == lim:
-            e, esc = _unary(buf, nbits, esc, emax)
-            if e < 0:
+        f = 0
+        if not rice:
+            if w:
+                at = fstart + i * w
+                f = _bits(buf[at >> 3], at, w)
+            if f != lim:
+                if f > bmax:
+                    return -1
+                out[i] = order[f]
+                continue
+        v = 0  # a unary code at esc (the quotient, or the escape past lim), at most top
+        while True:
+            if esc >= nbits:
                 return -1
-            f = lim + e
-        if f > bmax:
+            ones = _unary_step(buf[esc >> 3], esc, nbits)
+            if ones < 8:  # 0-7 ones then a zero
+                v += ones
+                esc += ones + 1
+                break
+            if ones == 8:
+                v += 8
+                esc += 8
+            else:  # one bit near the end: 9 is a zero, 10 a one
+                esc += 1
+                if ones == 9:
+                    break
+                v += 1
+            if v > top:
+                return -1
+        if v > top:
             return -1
-        out[i] = order[f]
+        if rice:
+            out[i] = v
+        else:
+            f = lim + v
+            if f > bmax:
+                return -1
+            out[i] = order[f]
     return esc
 
 
-@_jit
+@_inline
 def _sort_chunk(pos: np.ndarray, src: np.ndarray, k: int) -> None:
     """Sort ``pos[:k]`` ascending (values unique), applying the same moves to ``src[:k]``.
 
@@ -176,7 +194,7 @@ def _sort_chunk(pos: np.ndarray, src: np.ndarray, k: int) -> None:
         _sift(pos, src, 0, end)
 
 
-@_jit
+@_inline
 def _sift(pos: np.ndarray, src: np.ndarray, root: int, end: int) -> None:
     while True:
         child = 2 * root + 1
@@ -222,7 +240,7 @@ def _gap_body(
         width = b0a if rice_a else _WIDTH[pre]
         if p + width > nbits:
             return -1
-        r = (pre << b0a) + _bits(buf, p, width) if rice_a else _BASE[pre] + _bits(buf, p, width)
+        r = (pre << b0a if rice_a else _BASE[pre]) + _bits(buf[p >> 3], p, width)
         p += width
         if r >= cn:
             return -1
@@ -234,7 +252,7 @@ def _gap_body(
             width = b0b if rice_b else _WIDTH[pre]
             if p + width > nbits:
                 return -1
-            mant = _bits(buf, p, width)
+            mant = _bits(buf[p >> 3], p, width)
             p += width
             r += 1 + ((pre << b0b) + mant if rice_b else _BASE[pre] + mant)
             if r >= cn:
@@ -243,7 +261,22 @@ def _gap_body(
             csrc[j] = off + c * k + j
         base = off + c * k
         if m != _IDENTITY and k * k > 8 * (side + k):
-            _row_sort(cpos, csrc, k, side, cnt, idx, perm, base)
+            # A stable counting sort by block row u = pos // side, written in place (no helper:
+            # see _bits). Exact for the transpose and diagonal maps: along ascending ranks, the
+            # positions of any one row arrive with ascending column (rank order is (v, u) for
+            # transpose and (u + v, u) for diagonal). O(k + side).
+            for u in range(side + 1):
+                cnt[u] = 0
+            for j in range(k):
+                cnt[cpos[j] // side + 1] += 1
+            for u in range(side):
+                cnt[u + 1] += cnt[u]
+            for j in range(k):
+                u = cpos[j] // side
+                at = base + cnt[u]
+                cnt[u] += 1
+                idx[at] = cpos[j]
+                perm[at] = csrc[j]
             continue
         if m != _IDENTITY:
             _sort_chunk(cpos, csrc, k)
@@ -251,29 +284,6 @@ def _gap_body(
             idx[base + j] = cpos[j]
             perm[base + j] = csrc[j]
     return p
-
-
-@_jit
-def _row_sort(
-    pos: np.ndarray, src: np.ndarray, k: int, side: int, cnt: np.ndarray, idx: np.ndarray, perm: np.ndarray,
-    base: int,
-) -> None:  # fmt: skip
-    """Write ``pos[:k]`` ascending (and ``src`` alongside) to ``idx/perm[base:]``: a stable
-    counting sort by block row ``u = pos // side``. Exact for the transpose and diagonal maps:
-    along ascending ranks, the positions of any one row arrive with ascending column (rank
-    order is (v, u) for transpose and (u + v, u) for diagonal). O(k + side)."""
-    for u in range(side + 1):
-        cnt[u] = 0
-    for j in range(k):
-        cnt[pos[j] // side + 1] += 1
-    for u in range(side):
-        cnt[u + 1] += cnt[u]
-    for j in range(k):
-        u = pos[j] // side
-        at = base + cnt[u]
-        cnt[u] += 1
-        idx[at] = pos[j]
-        perm[at] = src[j]
 
 
 @_jit
@@ -287,7 +297,7 @@ def _fixed_body(
     for c in range(n):
         prev = -1
         for j in range(k):
-            v = _bits(buf, p, w)
+            v = _bits(buf[p >> 3], p, w)
             p += w
             if v >= cn or v <= prev:
                 return -1
@@ -297,7 +307,7 @@ def _fixed_body(
     return p
 
 
-@_jit
+@_inline
 def fixed_width_jit(cn: int) -> int:
     w, x = 0, cn - 1
     while x > 0:
@@ -329,7 +339,7 @@ def _scales(
             width = b0 if w == RICE else (b - 1 if b > 1 else 0)
             if p + width > nbits:
                 return -1
-            mant = _bits(buf, p, width)
+            mant = _bits(buf[p >> 3], p, width)
             p += width
             if w == RICE:
                 sym = (b << b0) + mant
@@ -385,7 +395,7 @@ def _walk(
         if mode[t] == 2:  # ENTROPY: a 2-bit rank map first
             if p + 2 > nbits:
                 return _BAD, 0, moved
-            m = _bits(words, p, 2)
+            m = _bits(words[p >> 3], p, 2)
             p += 2
             if m != _FALLBACK:
                 g = grp[t]

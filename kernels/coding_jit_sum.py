@@ -42,27 +42,15 @@ def _jit(fn: F) -> F:
     return cast(F, numba.njit(cache=True, nogil=True, boundscheck=False)(fn))
 
 
-def _inline(fn: F) -> F:
-    """:func:`_jit`, inlined into its callers by numba: a call that passes arrays to a compiled
-    function that is not inlined costs two atomic reference-count updates per array, which in
-    per-symbol helpers was over half of a payload walk (perf)."""
-    if not HAVE_JIT:  # pragma: no cover
-        return fn
-    return cast(F, numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")(fn))
-
-
 BAD_VALUE = 2  # status: a value is NaN or infinite
 _FP32, _FP16, _BF16, _INT8, _SIGN1 = 1, 2, 3, 4, 5
 _EXP32 = 0x7F800000
 
 
-@_inline
-def _u16(buf: np.ndarray, a: int) -> int:
-    return int(buf[a]) | (int(buf[a + 1]) << 8)
-
-
 def _half_table() -> np.ndarray:
-    """float32 bit pattern of every IEEE half, by numpy's own (exact) conversion."""
+    """float32 bit pattern of every IEEE half, by numpy's own (exact) conversion. (Bytes are read
+    in place below, not by a helper: a compiled helper taking an array costs two atomic
+    reference-count updates per call.)"""
     out: np.ndarray = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32).view(np.uint32)
     return out
 
@@ -92,13 +80,14 @@ def values(
         if code == _FP32:
             for i in range(off, off + count):
                 a = at + 4 * (perm[i] - off if moved else i - off)
-                b = _u16(buf, a) | (_u16(buf, a + 2) << 16)
+                b = int(buf[a]) | (int(buf[a + 1]) << 8) | (int(buf[a + 2]) << 16) | (int(buf[a + 3]) << 24)
                 if b & _EXP32 == _EXP32:
                     return BAD_VALUE
                 bits[i] = b
         elif _FP16 <= code <= _BF16:
             for i in range(off, off + count):
-                h = _u16(buf, at + 2 * (perm[i] - off if moved else i - off))
+                a = at + 2 * (perm[i] - off if moved else i - off)
+                h = int(buf[a]) | (int(buf[a + 1]) << 8)
                 b = half[h] if code == _FP16 else h << 16
                 if b & _EXP32 == _EXP32:
                     return BAD_VALUE

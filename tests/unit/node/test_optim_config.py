@@ -18,7 +18,8 @@ def test_presets_as_documented() -> None:
     assert ref.lr_in_momentum and ref.update is UpdateRule.SIGN
     ps = preset("psyche")
     assert (ps.beta, ps.k, ps.value_coding, ps.update) == (0.995, 4, ValueCoding.SIGN1, UpdateRule.SIGN)
-    assert preset("ours_k4_1bit").value_coding is ValueCoding.SIGN1 and preset("ours_k4_1bit").k == 4
+    k4 = preset("ours_k4_1bit")
+    assert (k4.k, k4.value_coding, k4.beta, k4.chunk, k4.dense_1d) == (4, ValueCoding.SIGN1, 0.95, 48, False)
     assert preset("ours_k32").k == 32
     assert set(PRESETS) >= {"demo_reference", "psyche", "ours_k32", "ours_k4_1bit"}
     assert preset("psyche", lr=0.5).lr == 0.5

@@ -176,6 +176,14 @@ class DistroOptimizer(torch.optim.Optimizer):
         self._begun = False
         self._t += 1
 
+    def replicated_params(self) -> list[torch.Tensor]:
+        """The tensors every replica holds bit-identical, in parameter order: the consensus copy
+        θ̄ in overlap mode (the parameters themselves carry this peer's guess), else the parameters.
+        Digest these to check agreement (with ``overlap_predict="own"`` the parameters differ)."""
+        if self.cfg.overlap:
+            return [self.state[p]["consensus"] for p in self._params]
+        return list(self._params)
+
     def overlapped(self, step: int) -> bool:
         """Whether ``step``'s round is applied one step late (``overlap``, from ``overlap_start``)."""
         return self.cfg.overlap and step >= self.cfg.overlap_start

@@ -48,6 +48,7 @@ from distronet.node.metrics import NodeMetrics
 from distronet.node.optim.distro import DistroOptimizer
 from distronet.node.shards import fetch_shard, shard_tokens
 from distronet.node.status import NodeStatus, StatusFile
+from distronet.node.swarm.digests import DigestBoard
 from distronet.node.swarm.errors import SwarmError
 from distronet.node.swarm.exchange import AsyncSwarmExchange, SwarmExchange, manifest_topic
 from distronet.node.swarm.stack import Swarm
@@ -128,6 +129,8 @@ class Node:
         self.swarm: Swarm | None = None
         self.core: AsyncSwarmExchange | None = None
         self.donor: StateDonor | None = None
+        self.board: DigestBoard | None = None  # our parameter digests of recent steps, for drift checks
+        self.model_lock = asyncio.Lock()  # held while a step (or a state load) changes the model
         self.metrics = NodeMetrics()
         self.run_info: dict[str, Any] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -201,6 +204,9 @@ class Node:
             self.donor = await deadline(
                 StateDonor.create(self.swarm), CALL_S, "state donor", ExitCode.NETWORK
             )
+            self.board = await deadline(
+                DigestBoard.create(self.swarm.host), CALL_S, "digest board", ExitCode.NETWORK
+            )
             self.maddrs = await self.swarm.host.maddrs()
         except SwarmError as e:
             raise NodeError(f"the libp2p daemon could not start or join: {e}", ExitCode.NETWORK) from e
@@ -236,7 +242,10 @@ class Node:
             self.step = ckpt.step
             log.info("resumed from %s at step %d", self.ckpt_path, ckpt.step)
         assert self.donor is not None
+        # The starting state is offered now (a peer that starts beside us must see step 0, not
+        # the state after our first step); later ones are snapshotted when a peer asks.
         self.donor.offer(self.step, state_blob(self.step, model, self.optimizer))
+        self.donor.serve_from(lambda: self.step, self.snapshot_state)
         up, down = self.swarm.bandwidth.up.rate, self.swarm.bandwidth.down.rate  # type: ignore[union-attr]
         self.status.up_budget, self.status.down_budget = up, down
         self.metrics.set_budget(up, down)
@@ -355,17 +364,18 @@ class Node:
             return False
         model = self.trainer.model
         fresh = DistroOptimizer(model.named_parameters(), self.dcfg, self.exchange, self.identity)
-        try:
-            step = await asyncio.to_thread(load_state_blob, blob, model, fresh)
-        except ConfigError as e:
-            log.warning("a peer's state does not fit this run's model: %s", e)
-            self.catch_up_failed = True
-            return False
-        self.optimizer = fresh
-        self.optimizer.resume_at(step)
-        self.trainer.optimizer = self.optimizer
-        log.info("caught up: adopted the swarm's state at step %d (was at %d)", step, self.step)
-        self.step = step
+        async with self.model_lock:  # no state snapshot of a half-loaded model
+            try:
+                step = await asyncio.to_thread(load_state_blob, blob, model, fresh)
+            except ConfigError as e:
+                log.warning("a peer's state does not fit this run's model: %s", e)
+                self.catch_up_failed = True
+                return False
+            self.optimizer = fresh
+            self.optimizer.resume_at(step)
+            self.trainer.optimizer = self.optimizer
+            log.info("caught up: adopted the swarm's state at step %d (was at %d)", step, self.step)
+            self.step = step
         self.status.resyncs += 1
         self.status.resync_steps.append(step)
         self.verify_until = step + VERIFY_STEPS
@@ -374,6 +384,14 @@ class Node:
         if self.donor is not None:
             self.donor.offer(self.step, blob)
         return True
+
+    async def snapshot_state(self) -> tuple[int, bytes]:
+        """``(step, state blob)`` of the next step boundary (now, if no step is running): what the
+        donor serves on request. Copies params + replicated optimizer state once (~10 ms for the
+        default model, in a worker thread); the next step waits for that copy."""
+        async with self.model_lock:
+            step = self.step
+            return step, await asyncio.to_thread(state_blob, step, self.trainer.model, self.optimizer)
 
     def checkpoint(self) -> None:
         """Save model + optimizer at ``self.step`` (the next step to run). Runs on the caller's thread."""
@@ -411,6 +429,9 @@ class Node:
         if self.donor is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.donor.close(), CALL_S)
+        if self.board is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.board.close(), CALL_S)
         if self.swarm is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.swarm.close(leave=True), CALL_S)

@@ -71,6 +71,8 @@ async def run_node(cfg: NodeConfig) -> int:
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
+            if stop_seen:  # a second Ctrl-C while the process winds down still forces exit 130
+                signal.signal(sig, lambda *_: _force_exit())
 
 
 def _main(args: argparse.Namespace) -> int:

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from distronet.node.coordinator_client import CoordinatorClientError
@@ -20,8 +20,7 @@ from distronet.node.node_parts import bootstrap_addrs
 from distronet.node.status import StatusLine
 from distronet.node.swarm.errors import SwarmError
 from distronet.node.swarm.exchange import FellBehind
-from distronet.node.sync import StateSnapshot
-from distronet.node.trainer import StepResult
+from distronet.node.trainer import StepResult, Trainer, param_digest
 from distronet.protocol.identity import peer_id_to_b58
 
 if TYPE_CHECKING:
@@ -30,7 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["discover", "heartbeats", "train", "wait_for_peers"]
 
 log = logging.getLogger(__name__)
-MAX_LOSSES = 2000
+MAX_LOSSES = 256  # the first loss and the most recent ones stay in the status (written every step)
 
 
 async def discover(node: Node) -> int:
@@ -108,6 +107,11 @@ async def wait_for_peers(node: Node) -> None:
             await asyncio.wait_for(node.stop_requested.wait(), 0.2)
 
 
+@functools.lru_cache(maxsize=1024)
+def _b58(peer: bytes) -> str:
+    return peer_id_to_b58(peer)
+
+
 def _line(node: Node) -> StatusLine | None:
     mode = node.cfg.observe.status
     if mode == "off":
@@ -115,10 +119,16 @@ def _line(node: Node) -> StatusLine | None:
     return StatusLine(live=None if mode == "auto" else False, prefix=f"[{node.identity.peer_id_b58[-6:]}] ")
 
 
-async def _one_step(node: Node) -> StepResult | None:
-    """Run step ``node.step`` in a worker thread. On a stop request the step may finish within
+def _step_and_digest(trainer: Trainer, step: int) -> tuple[StepResult, str]:
+    res = trainer.step(step)
+    return res, param_digest(trainer.model)
+
+
+async def _one_step(node: Node) -> tuple[StepResult, str] | None:
+    """Run step ``node.step`` in a worker thread; the result and the parameter digest after it
+    (one sha256 pass, in the same thread). On a stop request the step may finish within
     ``shutdown_timeout_s``; else it is abandoned (None)."""
-    fut = asyncio.ensure_future(asyncio.to_thread(node.trainer.step, node.step))
+    fut = asyncio.ensure_future(asyncio.to_thread(_step_and_digest, node.trainer, node.step))
     stop = asyncio.ensure_future(node.stop_requested.wait())
     try:
         await asyncio.wait({fut, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -152,12 +162,14 @@ def _account(node: Node, res: StepResult, wall: float, up0: int, down0: int, dig
         m.packets.labels("accepted", "").inc(len(report.accepted))
         for code in report.rejected.values():
             m.packets.labels("rejected", code.name).inc()
-        s.record_round(report.step, [peer_id_to_b58(p) for p in report.accepted])
+        s.record_round(report.step, [_b58(p) for p in report.accepted])
     if node.core is not None:
         s.warmup_heard = node.core.warmup_heard
     if node.client is not None:
         s.pending_reports = node.client.pending
     s.record_digest(res.step, digest)
+    if node.board is not None:
+        node.board.record(res.step, bytes.fromhex(digest))
     m.steps.inc()
     m.step.set(res.step)
     m.loss.set(res.loss)
@@ -171,35 +183,66 @@ def _account(node: Node, res: StepResult, wall: float, up0: int, down0: int, dig
     m.info.labels(s.peer_id, s.run_id, digest).set(1)
 
 
-async def drift_check(node: Node) -> None:
-    """Compare our state hash with the peers' offers for the same step; adopt the swarm's state
-    when every peer at our step holds another one. Costs one small request per peer."""
-    from distronet.node.swarm.statesync import ask_manifest
+async def drift_check(node: Node) -> bool:
+    """Compare our parameter digest after step ``node.step - 1`` with the peers' digests of that
+    step (``swarm.digests``: one small request per peer; a peer one step behind answers when it
+    gets there). True when every peer that answered holds another digest: our state drifted and
+    the caller should adopt the swarm's. Never raises for silent or unreachable peers."""
+    from distronet.node.swarm.digests import ask_digest
 
-    assert node.swarm is not None
-    assert node.donor is not None
+    assert node.swarm is not None and node.board is not None
+    done = node.step - 1
+    mine = node.board.get(done)
     peers = list(set(await node.swarm.gossip.topic_peers(node.swarm.topic)))
-    if not peers:
-        return
-    own = await node.donor.current()  # our offer at node.step, built now (it was offered lazily)
-    if own is None or own.step != node.step:
-        return
-    mine = own.sha256
-    offers = await asyncio.gather(*(ask_manifest(node.swarm, p, 5.0) for p in peers))
-    same_step = [m.sha256 for m in offers if m is not None and m.step == node.step]
-    if not same_step:
+    if mine is None or not peers:
+        return False
+    theirs = await asyncio.gather(*(ask_digest(node.swarm.host, p, done, 5.0) for p in peers))
+    known = [d for d in theirs if d is not None]
+    log.info("drift check after step %d: %d of %d peers answered, %d equal", done, len(known), len(peers),
+             known.count(mine))  # fmt: skip
+    if not known:
         node.metrics.drift.labels("skipped").inc()
-        return
-    if mine in same_step:
+        return False
+    if mine in known:
         node.status.drift_equal += 1
         node.metrics.drift.labels("equal").inc()
-        return
+        return False
     node.status.drift_differs += 1
     node.metrics.drift.labels("differs").inc()
-    log.warning(
-        "step %d: our parameters differ from all %d peers at this step; resyncing", node.step, len(same_step)
-    )
-    await node.catch_up(newer_than=node.step - 1, timeout=30.0)
+    log.warning("step %d: our parameters differ from all %d peers that answered; resyncing", done, len(known))
+    return True
+
+
+class _DriftWatch:
+    """Drift checks in the background, so a step never waits for the peers' answers; a check
+    that finds drift makes :meth:`drifted` true at the next step boundary (unless the node
+    adopted a state meanwhile, which makes that check's verdict moot)."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.task: asyncio.Task[bool] | None = None
+        self.resyncs = 0  # node.status.resyncs when the running check started
+
+    def start(self) -> None:
+        if self.task is None:
+            self.resyncs = self.node.status.resyncs
+            self.task = asyncio.ensure_future(self._check())
+
+    async def _check(self) -> bool:
+        return await asyncio.wait_for(drift_check(self.node), 15.0)
+
+    def drifted(self) -> bool:
+        """True once, when the finished check found drift that still applies."""
+        if self.task is None or not self.task.done():
+            return False
+        task, self.task = self.task, None
+        if task.cancelled() or task.exception() is not None:
+            return False
+        return task.result() and self.node.status.resyncs == self.resyncs
+
+    def cancel(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
 
 
 async def _resync(node: Node, err: Exception) -> None:
@@ -222,27 +265,12 @@ async def _resync(node: Node, err: Exception) -> None:
         )
 
 
-def _snapshot(node: Node, snapshot: StateSnapshot) -> tuple[Callable[[], bytes], str]:
-    build = snapshot.take(node.step, node.trainer.model, node.optimizer)
-    return build, snapshot.param_digest()
-
-
-async def _offer(node: Node, snapshot: StateSnapshot) -> str:
-    """Offer our state at ``node.step`` to newcomers and resyncing peers: one copy of it now
-    (off the loop), serialised and hashed only if a peer asks (``StateDonor.offer_lazy``).
-    Returns the parameter digest of that state (one sha256 pass over the copy)."""
-    build, digest = await asyncio.to_thread(_snapshot, node, snapshot)
-    if node.donor is not None:
-        node.donor.offer_lazy(node.step, build)
-    return digest
-
-
 async def train(node: Node) -> None:
     """Train until a stop request, ``max_steps`` or ``max_seconds``; checkpoint every K steps and at
     the end; complete each shard once it has been read through and lease the next."""
     tc = node.cfg.train
     line = _line(node)
-    snapshot = StateSnapshot()
+    watch = _DriftWatch(node)
     started = time.monotonic()
     await node.next_shard()
     try:
@@ -256,29 +284,34 @@ async def train(node: Node) -> None:
             stats = node.exchange.stats
             up0, down0, t0 = stats.bytes_up, stats.bytes_down, time.monotonic()
             try:
-                res = await _one_step(node)
+                async with node.model_lock:  # a state snapshot for a peer waits for the boundary
+                    done = await _one_step(node)
+                    if done is not None:
+                        node.step = done[0].step + 1
             except PeerDead:
                 break
             except ExchangeError as e:
                 await _resync(node, e)
                 continue
-            if res is None:
+            if done is None:
                 return
-            node.step = res.step + 1
-            digest = await _offer(node, snapshot)
+            res, digest = done
             _account(node, res, max(time.monotonic() - t0, 1e-6), up0, down0, digest)
             # A newcomer's first packets race rounds the others may have decided already; the
             # exchange can then hand it another accepted set. Checking right after a catch-up
             # (and every drift_every steps) finds that and adopts the swarm's state again.
-            if node.step <= node.verify_until or (tc.drift_every and node.step % tc.drift_every == 0):
+            if watch.drifted() and not node.stop_requested.is_set():
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(drift_check(node), 15.0)
+                    await node.catch_up(newer_than=node.step - 1, timeout=15.0)
+            if node.step <= node.verify_until or (tc.drift_every and node.step % tc.drift_every == 0):
+                watch.start()
             node.status_file.write(node.status)
             if line is not None:
                 line.show(node.status)
             if tc.checkpoint_every and node.step % tc.checkpoint_every == 0:
                 await asyncio.to_thread(node.checkpoint)
     finally:
+        watch.cancel()
         if line is not None:
             line.end()
     if not node.abandoned and node.step > 0:

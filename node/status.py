@@ -74,16 +74,21 @@ class NodeStatus:
             del self.accepted[old]
 
     def to_json(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
+        """The status as a JSON-ready dict (written after every step: shallow copies only, no
+        ``dataclasses.asdict`` deep copy)."""
+        d = {f.name: getattr(self, f.name) for f in _FIELDS}
         d["digests"] = {str(k): v for k, v in self.digests.items()}
         d["accepted"] = {str(k): v for k, v in self.accepted.items()}
-        d["completed_units"] = d["completed_units"][-MAX_UNITS:]
-        d["resync_steps"] = d["resync_steps"][-MAX_UNITS:]
+        d["completed_units"] = self.completed_units[-MAX_UNITS:]
+        d["resync_steps"] = self.resync_steps[-MAX_UNITS:]
         for k in ("loss", "up_budget", "down_budget"):
             if not math.isfinite(d[k]):
                 d[k] = None
-        d["losses"] = [x for x in d["losses"] if math.isfinite(x)]
+        d["losses"] = [x for x in self.losses if math.isfinite(x)]
         return d
+
+
+_FIELDS = dataclasses.fields(NodeStatus)
 
 
 def human_rate(bps: float) -> str:

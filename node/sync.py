@@ -1,8 +1,8 @@
 """Catching up with the swarm: the node's parameters as a state blob, offered to and fetched from peers.
 
-Every node snapshots its state after each step (:class:`StateSnapshot`: one copy into a reused
-buffer) and offers it lazily through ``statesync.StateDonor`` (the step in the blob is the next
-step to run): the blob is serialised, hashed and signed only when a peer asks for it. A newcomer —
+Every node offers its state through ``statesync.StateDonor.serve_from`` (the step in the blob is
+the next step to run): only when a peer asks for it is the state copied into a blob at the next
+step boundary, hashed and signed (once per step, however many peers ask). A newcomer —
 or a replica whose round failed and that can no longer be sure it is bit-identical — fetches the
 newest state that several donors agree on (``statesync.fetch_state``: verified chunks, spread over
 donors), loads it, and continues from that step with zero momentum (ARCHITECTURE.md §5). Its next
@@ -23,10 +23,8 @@ Everything read is checked against the model before use: names, shapes and sizes
 
 from __future__ import annotations
 
-import hashlib
 import json
 import struct
-from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -34,7 +32,7 @@ from torch import nn
 
 from distronet.protocol.errors import ConfigError
 
-__all__ = ["LOCAL_STATE", "MAGIC", "StateSnapshot", "load_state_blob", "state_blob"]
+__all__ = ["LOCAL_STATE", "MAGIC", "load_state_blob", "state_blob"]
 
 MAGIC = b"DNS0"
 MAX_HEADER = 1 << 20
@@ -81,58 +79,6 @@ def state_blob(step: int, model: nn.Module, optimizer: torch.optim.Optimizer | N
     little-endian. Costs one copy of them."""
     names, tensors, ints = _layout(model, optimizer)
     return _head(step, names, ints) + b"".join(_f32(t) for t in tensors)
-
-
-class StateSnapshot:
-    """The state at the last step boundary, kept for a blob built only when a peer asks.
-
-    :meth:`take` copies the parameters and replicated optimizer state (float32) into one of two
-    reused buffers: one memory copy, no serialisation, no hashing. The callable it returns
-    builds exactly ``state_blob(step, model, optimizer)`` of that moment; it stays valid until
-    the take after next (the buffers alternate), and raises ``RuntimeError`` after that. Call
-    ``take`` from one thread at a time, never while the model is being stepped.
-    """
-
-    def __init__(self) -> None:
-        self._bufs: list[torch.Tensor | None] = [None, None]
-        self._taken = 0
-        self._param_floats = 0
-
-    def take(
-        self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
-    ) -> Callable[[], bytes]:
-        """Snapshot the state of ``step``; returns the builder of its blob (see the class)."""
-        names, tensors, ints = _layout(model, optimizer)
-        total = sum(t.numel() for t in tensors)
-        slot = self._taken % 2
-        buf = self._bufs[slot]
-        if buf is None or buf.numel() != total:
-            buf = self._bufs[slot] = torch.empty(total, dtype=torch.float32)
-        off = 0
-        with torch.no_grad():
-            for t in tensors:
-                n = t.numel()
-                buf[off : off + n].copy_(t.detach().reshape(-1))
-                off += n
-        self._taken += 1
-        self._param_floats = sum(p.numel() for p in model.parameters())
-        taken, head = self._taken, _head(step, names, ints)
-
-        def blob() -> bytes:
-            if self._taken - taken >= 2:
-                raise RuntimeError(f"the snapshot of step {step} was overwritten by a newer one")
-            return head + buf.numpy().astype("<f4", copy=False).tobytes()
-
-        return blob
-
-    def param_digest(self) -> str:
-        """SHA-256 of the last snapshot's parameters as float32 little-endian bytes, in model order:
-        ``trainer.param_digest`` of that moment for a float32 model, without another copy."""
-        buf = self._bufs[(self._taken - 1) % 2]
-        if buf is None:
-            raise RuntimeError("no snapshot taken yet")
-        params = buf[: self._param_floats].numpy().astype("<f4", copy=False)
-        return hashlib.sha256(params.data.cast("B")).hexdigest()
 
 
 def load_state_blob(blob: bytes, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> int:

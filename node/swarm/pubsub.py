@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from hivemind.p2p import PeerID
 from hivemind.proto import p2pd_pb2 as pb
 
-from distronet.node.swarm.control import read_delimited, write_delimited
+from distronet.node.swarm.control import peer_id, read_delimited, write_delimited
 from distronet.node.swarm.errors import DaemonError, GossipError
 from distronet.node.swarm.p2p import SwarmHost, with_deadline
 
@@ -74,7 +74,7 @@ class Subscription:
                 if len(data) > self._max:
                     self.oversize += 1
                     continue
-                sender = PeerID(bytes(getattr(raw, "from")))
+                sender = peer_id(bytes(getattr(raw, "from")))
                 if sender == self._self_id and not self._include_own:
                     continue
                 self._put(GossipMessage(self.topic, data, sender, bytes(raw.seqno)))
@@ -186,7 +186,7 @@ class Gossip:
     async def topic_peers(self, topic: str) -> list[PeerID]:
         """Peers the daemon knows to be subscribed to ``topic``."""
         resp, _, _ = await self._request(pb.PSRequest(type=pb.PSRequest.LIST_PEERS, topic=topic))
-        return [PeerID(bytes(p)) for p in resp.pubsub.peerIDs]
+        return [peer_id(bytes(p)) for p in resp.pubsub.peerIDs]
 
     async def close(self) -> None:
         """Close every subscription opened through this client."""

@@ -1,15 +1,15 @@
 """Newcomer state sync: a state blob fetched from several donors in verified chunks, resumably.
 
 A donor ``offer``s a serialised state (parameters + the step they belong to) as fixed-size chunks
-in its own content store (or ``offer_lazy``: only a builder of the blob, serialised, hashed and
-signed when the first peer asks for it; a node snapshots every step, peers ask rarely), served
-over their own pull protocol, and answers manifest requests on ``STATE_MANIFEST_PROTOCOL`` with a
-signed :class:`StateManifest` (step, size, sha256 of the whole blob and of each chunk). A newcomer
-:func:`fetch_state`\\ s: it asks every candidate donor for its manifest, picks the newest step and
-the root hash most donors agree on, then pulls the chunks spread over those donors (at most
-``per_donor`` chunks in flight at each, so no donor is overloaded), retrying a failed chunk at
-another donor. Every chunk is hash-checked and, with a ``cache_dir``, written there as soon as it
-verifies, so a restarted fetch resumes.
+in its own content store (or ``serve_from`` a source: the state is snapshotted, serialised,
+hashed and signed only when a peer asks for it, at most once per step; a node steps several
+times a second, peers ask rarely), served over their own pull protocol, and answers manifest
+requests on ``STATE_MANIFEST_PROTOCOL`` with a signed :class:`StateManifest` (step, size,
+sha256 of the whole blob and of each chunk). A newcomer :func:`fetch_state`\\ s: it asks every
+candidate donor for its manifest, picks the newest step and the root hash most donors agree on,
+then pulls the chunks spread over those donors (at most ``per_donor`` chunks in flight at each,
+so no donor is overloaded), retrying a failed chunk at another donor. Every chunk is hash-checked
+and, with a ``cache_dir``, written there as soon as it verifies, so a restarted fetch resumes.
 
 Manifest wire: request ``b"DNS1"``; response ``u8 status (0 ok, 1 none) | u32 len | msgpack``
 with ``v, run, step, size, sha, chunk, chunks[list of sha256], peer, sig`` (Ed25519 by ``peer``).
@@ -25,7 +25,7 @@ import struct
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +57,8 @@ _DOMAIN = b"distronet/state/v1\x00"
 MAX_MANIFEST_BYTES = 4 * 2**20
 MAX_CHUNKS = 100_000
 Progress = Callable[[int, int], None]
+Snapshot = Callable[[], Awaitable[tuple[int, bytes]]]
+"""``await snapshot()`` -> ``(step, blob)``: the owner's state at one consistent moment."""
 
 
 class NoNewerState(PullError):
@@ -151,7 +153,7 @@ def _prepare(ident: Identity, run: str, step: int, blob: bytes, chunk_bytes: int
 
 class StateDonor:
     """Serves this node's latest state to newcomers. Build with :meth:`create`; call :meth:`offer`
-    or :meth:`offer_lazy`. Use from the event loop's thread only."""
+    or :meth:`serve_from`. Use from the event loop's thread only."""
 
     def __init__(self, swarm: Swarm, puller: Puller, *, chunk_bytes: int = 4 * 2**20, keep: int = 2) -> None:
         self.swarm, self.puller = swarm, puller
@@ -159,9 +161,9 @@ class StateDonor:
         self._manifest: bytes | None = None
         self._current: StateManifest | None = None
         self._installed: list[int] = []  # steps of the offers whose chunks are in the store, oldest first
-        self._pending: tuple[int, Callable[[], bytes]] | None = None
+        self._source: tuple[Callable[[], int], Snapshot] | None = None
         self._building: asyncio.Future[None] | None = None
-        self.built = 0  # lazy offers serialised and hashed (tests, metrics)
+        self.built = 0  # states snapshotted on request, serialised and hashed (tests, metrics)
 
     @classmethod
     async def create(cls, swarm: Swarm, *, max_bytes: int = 8 * 2**30) -> StateDonor:
@@ -176,36 +178,34 @@ class StateDonor:
         """Offer ``blob`` of ``step`` from now on (cost: two sha256 passes). The chunks of the last
         ``keep`` offers stay servable, so a newcomer that read the manifest just before this call
         can still fetch it (memory: up to ``keep`` states). Raises ValueError for an empty blob."""
-        self._pending = None
         ident: Identity = self.swarm.identity
         return self._install(_prepare(ident, self.swarm.run_id, step, blob, chunk_bytes or self.chunk_bytes))
 
-    def offer_lazy(self, step: int, build: Callable[[], bytes]) -> None:
-        """Offer the state of ``step`` that ``build()`` returns, without building it now: the first
-        manifest request (or :meth:`current`) builds, hashes and signs it. ``build`` runs on the
-        event loop's thread and must stay valid until the next ``offer_lazy`` call. Cost: none."""
-        self._pending = (step, build)
+    def serve_from(self, step: Callable[[], int], snapshot: Snapshot) -> None:
+        """Offer the owner's state on request from now on. ``step()`` is the step of the state the
+        owner holds now (cheap, called per request); ``await snapshot()`` returns ``(step, blob)``
+        of a consistent moment (e.g. the next step boundary). A request finds the offer current
+        when its step equals ``step()``; else the first one snapshots, hashes (worker thread)
+        and signs, and concurrent requests share that build. Cost when nobody asks: none."""
+        self._source = (step, snapshot)
 
     async def current(self) -> StateManifest | None:
-        """The manifest of the newest state offered (a lazy offer is built now: one blob copy on
-        the loop, hashing and signing in a worker thread); None before any offer.
+        """The manifest of the newest state offered (with a source whose step moved past the
+        installed offer, a new one is snapshotted and built now); None before any offer.
 
-        Raises what ``build`` raises; ValueError for an empty blob.
+        Raises what the snapshot raises; ValueError for an empty blob.
         """
-        if self._pending is not None:
+        if self._source is not None and (self._current is None or self._current.step != self._source[0]()):
             if self._building is None or self._building.done():
-                step, build = self._pending
-                self._building = asyncio.ensure_future(self._build(step, build))
+                self._building = asyncio.ensure_future(self._build(self._source[1]))
                 self._building.add_done_callback(_retrieve)
             await asyncio.shield(self._building)
         return self._current
 
-    async def _build(self, step: int, build: Callable[[], bytes]) -> None:
-        blob = build()  # on the loop: the snapshot cannot be overwritten while it is read
+    async def _build(self, snapshot: Snapshot) -> None:
+        step, blob = await snapshot()
         ident: Identity = self.swarm.identity
         prepared = await asyncio.to_thread(_prepare, ident, self.swarm.run_id, step, blob, self.chunk_bytes)
-        if self._pending is not None and self._pending[0] == step:
-            self._pending = None
         if self._current is None or self._current.step <= step:
             self._install(prepared)
             self.built += 1

@@ -46,7 +46,9 @@ def test_three_nodes_train_identically_and_stop_on_signals(tmp_path: Path) -> No
         held = [{int(k): v for k, v in s["digests"].items()} for s in statuses]
         swarm.stop(swarm.coordinator)
 
-    assert codes == [0, 0] and forced == 130
+    # 130: the second Ctrl-C forced the exit; -2: it came while the interpreter was already
+    # tearing down after a clean stop (the handlers are gone then) and SIGINT ended it there
+    assert codes == [0, 0] and forced in (130, -signal.SIGINT)
     assert step >= STEPS - 1 and len(digests) == 1, (step, digests)
     for t in set(held[0]) & set(held[1]) & set(held[2]):
         assert held[0][t] == held[1][t] == held[2][t], t

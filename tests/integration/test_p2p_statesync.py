@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import time
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from distronet.node.swarm.digests import DigestBoard, ask_digest
 from distronet.node.swarm.errors import PullError
 from distronet.node.swarm.membership import MembershipConfig
 from distronet.node.swarm.p2p import SwarmConfig
@@ -115,29 +117,59 @@ async def test_nothing_newer_is_decided_from_the_manifests_alone(
     assert manifest.step == 11
 
 
-async def test_a_lazy_offer_is_built_once_on_the_first_request_and_fetched(
+async def test_a_served_state_is_snapshotted_on_request_once_per_step_and_fetched(
     cluster: tuple[list[Swarm], list[StateDonor]],
 ) -> None:
     (a, b, c), (da, db) = cluster
     calls: list[int] = []
+    now = {"step": 20}
     newer = os.urandom(3 * CHUNK + 5)
 
-    def build() -> bytes:
-        calls.append(1)
-        return newer
+    async def snapshot() -> tuple[int, bytes]:
+        calls.append(now["step"])
+        return now["step"], newer
 
     da.chunk_bytes = db.chunk_bytes = CHUNK
     built = da.built
-    da.offer_lazy(20, build)
-    db.offer_lazy(20, build)
+    da.serve_from(lambda: now["step"], snapshot)
+    db.serve_from(lambda: now["step"], snapshot)
     assert calls == []  # offering costs nothing until a peer asks
     manifest, blob = await fetch_state(c, [a.host.peer_id, b.host.peer_id], timeout=60.0, newer_than=19)
     assert blob == newer and manifest.step == 20
-    assert len(calls) == 2 and da.built == built + 1  # one build per donor, however many asks
+    assert calls == [20, 20] and da.built == built + 1  # one snapshot per donor, however many asks
     mine = await da.current()
     assert mine is not None and mine.sha256 == hashlib.sha256(newer).digest() and len(calls) == 2
-    da.offer_lazy(21, lambda: (_ for _ in ()).throw(RuntimeError("overwritten")))
+    now["step"] = 21  # the owner stepped: the next request snapshots again
+    again = await ask_manifest(c, a.host.peer_id, 10.0)
+    assert again is not None and again.step == 21 and calls == [20, 20, 21]
+
+    async def broken() -> tuple[int, bytes]:
+        raise RuntimeError("cannot snapshot")
+
+    da.serve_from(lambda: 22, broken)
     with pytest.raises(RuntimeError):
         await da.current()
     old = await ask_manifest(c, a.host.peer_id, 10.0)
-    assert old is not None and old.step == 20  # a snapshot that cannot be built: the last good offer
+    assert old is not None and old.step == 21  # a snapshot that cannot be taken: the last good offer
+
+
+async def test_peers_answer_parameter_digests_of_recent_steps(
+    cluster: tuple[list[Swarm], list[StateDonor]],
+) -> None:
+    (a, _, c), _ = cluster
+    board = await DigestBoard.create(a.host, keep=3, wait_s=5.0)
+    try:
+        for step in range(5):
+            board.record(step, bytes([step]) * 32)
+        assert await ask_digest(c.host, a.host.peer_id, 4, 5.0) == bytes([4]) * 32
+        assert await ask_digest(c.host, a.host.peer_id, 1, 5.0) is None  # older than the last 3
+        later = asyncio.ensure_future(ask_digest(c.host, a.host.peer_id, 5, 10.0))
+        await asyncio.sleep(0.3)  # the step being computed: the answer waits for it
+        assert not later.done()
+        board.record(5, b"\x05" * 32)
+        assert await later == b"\x05" * 32
+        assert await ask_digest(c.host, a.host.peer_id, 9, 5.0) is None  # far ahead: unknown at once
+        assert await ask_digest(a.host, c.host.peer_id, 4, 5.0) is None  # c serves no digests
+        assert board.served == 4
+    finally:
+        await board.close()

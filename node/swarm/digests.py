@@ -1,0 +1,137 @@
+"""Parameter digests of recent steps, served to peers: the drift check without building any state.
+
+Every node records the sha256 of its parameters after each step (the ``digests`` of its status
+file) in a :class:`DigestBoard`, which answers peers on ``DIGEST_PROTOCOL``. A drift check asks
+each peer for its digest of one step (:func:`ask_digest`) and compares it with its own: one
+small request per peer, where comparing state manifests meant serialising and hashing the whole
+state (parameters + replicated optimizer state, ~7 MB for the default model) on every peer.
+
+The answer is not signed: the stream's peer is authenticated by libp2p (Noise), and a digest only
+decides whether *we* resync, which a lying peer could cause with a signed manifest just as well.
+
+Wire (one request per stream)::
+
+    request   b"DND?" | step (u64 BE)
+    response  status (u8: 0 found, 1 unknown) | 32-byte sha256 (found only)
+
+A peer asked for the step it is computing right now waits (at most ``wait_s``) for it to finish
+instead of answering "unknown", so checks between replicas a little out of step still compare.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import struct
+from collections import OrderedDict
+
+from hivemind.p2p import PeerID
+from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
+
+from distronet.node.swarm.control import open_stream
+from distronet.node.swarm.p2p import SwarmHost, with_deadline
+
+__all__ = ["DIGEST_PROTOCOL", "DigestBoard", "ask_digest"]
+
+DIGEST_PROTOCOL = "/distronet/digest/1"
+_REQUEST = b"DND?"
+_FOUND, _UNKNOWN = 0, 1
+
+
+class DigestBoard:
+    """The digests of this node's last ``keep`` steps, served to peers. Build with :meth:`create`.
+
+    ``record`` and ``get`` run on the event loop's thread. ``wait_s``: how long a request for
+    the step after the newest recorded one waits for it.
+    """
+
+    def __init__(self, host: SwarmHost | None = None, *, keep: int = 64, wait_s: float = 3.0) -> None:
+        self.host, self.keep, self.wait_s = host, max(1, keep), wait_s
+        self._digests: OrderedDict[int, bytes] = OrderedDict()
+        self._newest = -1
+        self._recorded = asyncio.Event()
+        self.served = 0
+
+    @classmethod
+    async def create(cls, host: SwarmHost, *, keep: int = 64, wait_s: float = 3.0) -> DigestBoard:
+        """A board that serves ``DIGEST_PROTOCOL`` on ``host``. Raises DaemonError (p2pd)."""
+        self = cls(host, keep=keep, wait_s=wait_s)
+        await with_deadline(
+            host.p2p.add_binary_stream_handler(DIGEST_PROTOCOL, self._serve),
+            host.config.call_timeout_s,
+            "register digest handler",
+        )
+        return self
+
+    def record(self, step: int, digest: bytes) -> None:
+        """The sha256 (32 bytes) of the parameters after ``step``. A step recorded again (after a
+        resync) replaces the old digest; steps newer than ``step`` are forgotten."""
+        if len(digest) != 32:
+            raise ValueError(f"a digest is 32 bytes, got {len(digest)}")
+        for newer in [s for s in self._digests if s >= step]:
+            del self._digests[newer]
+        self._digests[step] = digest
+        while len(self._digests) > self.keep:
+            self._digests.popitem(last=False)
+        self._newest = step
+        self._recorded.set()
+        self._recorded = asyncio.Event()
+
+    def get(self, step: int) -> bytes | None:
+        return self._digests.get(step)
+
+    async def wait_for(self, step: int, timeout: float) -> bytes | None:
+        """The digest of ``step``; if it is the step after the newest recorded one, wait up to
+        ``timeout`` seconds for it. None when unknown."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        while step not in self._digests and step == self._newest + 1:
+            left = end - loop.time()
+            if left <= 0:
+                break
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._recorded.wait(), left)
+        return self._digests.get(step)
+
+    async def _serve(
+        self, _i: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        try:
+            req = await asyncio.wait_for(reader.readexactly(12), 10.0)
+            digest = None
+            if req[:4] == _REQUEST:
+                digest = await self.wait_for(struct.unpack(">Q", req[4:])[0], self.wait_s)
+            writer.write(bytes([_UNKNOWN]) if digest is None else bytes([_FOUND]) + digest)
+            await asyncio.wait_for(writer.drain(), 10.0)
+            self.served += 1
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def close(self) -> None:
+        if self.host is not None and self.host.alive:
+            with contextlib.suppress(Exception):
+                await with_deadline(
+                    self.host.p2p.remove_binary_stream_handler(DIGEST_PROTOCOL), 5.0, "unregister"
+                )
+
+
+async def ask_digest(host: SwarmHost, peer: PeerID, step: int, timeout: float) -> bytes | None:
+    """``peer``'s parameter digest after ``step``; None when it has none, does not answer within
+    ``timeout`` seconds, or answers malformed."""
+
+    async def ask() -> bytes | None:
+        reader, writer = await open_stream(host.control_maddr["unix"], peer, DIGEST_PROTOCOL, timeout)
+        try:
+            writer.write(_REQUEST + struct.pack(">Q", step))
+            await writer.drain()
+            status = (await reader.readexactly(1))[0]
+            return await reader.readexactly(32) if status == _FOUND else None
+        finally:
+            writer.close()
+
+    try:
+        return await asyncio.wait_for(ask(), timeout)
+    except Exception:  # dead, unreachable, no handler or malformed: no digest from this one
+        return None

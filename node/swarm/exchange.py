@@ -7,7 +7,11 @@ A round's life at one replica (step ``t``):
 2. Each valid announcement (signature, run, sender = producer) starts a pull from its producer
    right away — if the download budget can carry it before the deadline; otherwise it is
    skipped (a subset is pulled instead of exceeding the budget).
-3. At ``open + round_deadline_s`` the replica freezes what it holds. The producers it has heard
+3. At ``open + round_deadline_s`` — or earlier, once the round is *complete* (every peer in the
+   announcement topic and every producer of the two rounds before it has announced this one, and
+   no pull is still running) — the replica
+   freezes what it holds. (A manifest arriving first does not freeze it: a replica that has not
+   heard every producer yet could rank the wrong leader first.) The producers it has heard
    of are ranked by ``leader_rank(t, peer)``; the replica at rank ``r`` gossips its manifest
    (the (peer, sha256, size) it holds, itself included) after ``r * manifest_grace_s`` unless a
    better-ranked manifest has already arrived.
@@ -60,7 +64,7 @@ from distronet.node.exchange.base import (
     Round,
     RoundUnavailable,
 )
-from distronet.node.swarm.control import open_stream
+from distronet.node.swarm.control import open_stream, peer_id
 from distronet.node.swarm.errors import PullError, SwarmError
 from distronet.node.swarm.holdback import HoldBack
 from distronet.node.swarm.manifest import Entry, RoundManifest, leader_rank, open_manifest, seal_manifest
@@ -150,6 +154,8 @@ class AsyncSwarmExchange:
         self._closed = False
         self.rejected: Counter[RejectCode] = Counter()
         self.skipped_for_budget = 0
+        self.closed_early = 0  # rounds frozen before their deadline: complete
+        self._subscribed: set[bytes] = set()  # peers in our announcement topic (refreshed each second)
         self._inflight_bytes = 0  # announced frames being pulled, reserved against the download budget
         self.round_deadline_s = config.round_deadline_s  # settable; open rounds see a change at once
         self.warmup_until = -1  # our packets for steps below this are published masked (warm-up)
@@ -179,7 +185,16 @@ class AsyncSwarmExchange:
         )
         self._spawn(self._listen(self._subs[0], "_on_announcement"))
         self._spawn(self._listen(self._subs[1], "_on_manifest"))
+        self._spawn(self._watch_topic())
         return self
+
+    async def _watch_topic(self, every_s: float = 1.0) -> None:
+        """Keep ``_subscribed`` (the peers p2pd knows in our announcement topic) about fresh."""
+        while True:
+            with contextlib.suppress(Exception):
+                peers = await self.swarm.gossip.topic_peers(self.swarm.topic)
+                self._subscribed = {p.to_bytes() for p in peers}
+            await asyncio.sleep(every_s)
 
     @property
     def peer_id(self) -> bytes:
@@ -294,11 +309,13 @@ class AsyncSwarmExchange:
             state.announced[ann.peer_id] = ann
             state.warm.add(ann.peer_id)
             self.warmup_heard += 1
+            state.changed.set()
             return
         if state.frozen:
             self._stats.late_dropped += 1
             return
         state.announced[ann.peer_id] = ann
+        state.changed.set()
         left = state.opened_at + self.round_deadline_s - time.monotonic()
         if not self.swarm.bandwidth.down.can_afford(self._inflight_bytes + ann.packet_size, left):
             self.skipped_for_budget += 1  # a subset is pulled rather than the budget exceeded
@@ -311,11 +328,12 @@ class AsyncSwarmExchange:
             await self._pull_announced_inner(state, ann, timeout)
         finally:
             self._inflight_bytes -= ann.packet_size
+            state.changed.set()  # the round may be complete now
 
     async def _pull_announced_inner(self, state: _RoundState, ann: Announcement, timeout: float) -> None:
         try:
             frame = await self.swarm.puller.fetch(
-                PeerID(ann.peer_id), ann.packet_sha256, max_bytes=ann.packet_size, size=ann.packet_size,
+                peer_id(ann.peer_id), ann.packet_sha256, max_bytes=ann.packet_size, size=ann.packet_size,
                 timeout=max(0.1, timeout), step=ann.step,
             )  # fmt: skip
         except (PullError, Rejected) as e:
@@ -361,8 +379,46 @@ class AsyncSwarmExchange:
             state.deciding = asyncio.ensure_future(self._decide(step, state))
         return await asyncio.shield(state.deciding)
 
+    def _expected(self, step: int) -> set[bytes]:
+        """The other producers we wait for in ``step``: every peer subscribed to the run's
+        announcements and every producer of either of the two rounds before it. Empty (no
+        early close: wait for the deadline) unless both of those rounds were decided here, so
+        a replica that starts or comes back learns who produces before it closes early."""
+        out: set[bytes] = set(self._subscribed)
+        for prev in (step - 1, step - 2):
+            held = self._rounds.get(prev)
+            if held is None or held.decided is None:
+                return set()
+            out.update(held.announced)
+        out.discard(self.peer_id)
+        return out
+
+    @staticmethod
+    def _complete(state: _RoundState, expected: set[bytes]) -> bool:
+        """Every expected producer announced this round and no pull of it is still running."""
+        return (
+            bool(expected)
+            and expected.issubset(state.announced)
+            and all(t.done() for t in state.pulls.values())
+        )
+
+    async def _until_frozen(self, step: int, state: _RoundState) -> None:
+        """Wait for the round's deadline, or less: until it is complete (nothing more is coming
+        from the topic's peers and the producers of the last two rounds). Only a producer unknown
+        to both loses by an early close (its packet counts from its next round); the manifest
+        decides for every replica either way (module doc)."""
+        expected = self._expected(step)
+        while not self._complete(state, expected):
+            left = state.opened_at + self.round_deadline_s - time.monotonic()
+            if left <= 0:
+                return
+            state.changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(state.changed.wait(), left)
+        self.closed_early += 1
+
     async def _decide(self, step: int, state: _RoundState) -> Round:
-        await asyncio.sleep(max(0.0, state.opened_at + self.round_deadline_s - time.monotonic()))
+        await self._until_frozen(step, state)
         if state.decided is not None:
             return state.decided
         state.frozen = True
@@ -429,7 +485,7 @@ class AsyncSwarmExchange:
         better = [p for p in ranked if p != self.peer_id and (best is None or leader_rank(step, p) < best)]
         for peer in better[:tries]:
             data = await self._request_manifest(
-                PeerID(peer), step, min(2.0, 4 * self.config.manifest_grace_s)
+                peer_id(peer), step, min(2.0, 4 * self.config.manifest_grace_s)
             )
             if data is None:
                 continue
@@ -491,7 +547,7 @@ class AsyncSwarmExchange:
                 return cached
             sources = [peer, manifest.leader, *(p for p in listed if p not in (peer, manifest.leader))]
             frame = await self.swarm.puller.pull(
-                sha, [PeerID(p) for p in sources], max_bytes=size, size=size,
+                sha, [peer_id(p) for p in sources], max_bytes=size, size=size,
                 timeout=self.config.pull_timeout_s, step=step,
             )  # fmt: skip
             self._stats.count_down(len(frame))

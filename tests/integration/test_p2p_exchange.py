@@ -1,8 +1,10 @@
 """The libp2p Exchange over three REAL p2pd peers on loopback: identical accepted sets per step.
 
 Each peer publishes a real sealed step packet per step; all three collect concurrently and must
-get the same manifest and byte-identical frames. Then one peer is SIGKILLed and the other two
-keep exchanging without it, and the synchronous adapter is driven from worker threads.
+get the same manifest and byte-identical frames, and a round closes before its deadline once
+every producer's frame is in (after two rounds that taught the replica who produces). Then one
+peer is SIGKILLed and the other two keep exchanging without it, and the synchronous adapter is
+driven from worker threads.
 """
 
 from __future__ import annotations
@@ -87,17 +89,23 @@ def packet(swarm: Swarm, step: int) -> bytes:
 async def test_three_peers_get_identical_accepted_sets_for_several_steps(
     peers: list[tuple[Swarm, AsyncSwarmExchange]],
 ) -> None:
+    took = []
     for step in range(3):
         sent = {swarm.identity.peer_id: packet(swarm, step) for swarm, _ in peers}
+        start = time.monotonic()
         for swarm, ex in peers:
             await ex.publish(step, sent[swarm.identity.peer_id])
         with pytest.raises(ExchangeError):
             await peers[0][1].publish(step, b"again")
         rounds: list[Round] = await asyncio.gather(*(ex.collect(step) for _, ex in peers))
+        took.append(time.monotonic() - start)
         assert all(r.manifest == tuple(sorted(sent)) for r in rounds), step
         assert all(dict(r) == sent for r in rounds)
         for frame in rounds[0].values():  # the bytes are real, verifiable packets
             assert open_packet(frame, run_id=RUN, layout_digest=DIGEST).step == step
+    # steps 0 and 1 wait for the deadline; step 2 closes once every producer's frame is in
+    assert took[0] >= CONFIG.round_deadline_s and took[2] < CONFIG.round_deadline_s, took
+    assert all(ex.closed_early >= 1 for _, ex in peers)
     stats = peers[0][1].stats
     assert stats.packets_up == 3 and stats.packets_down >= 6
     assert stats.bytes_up >= 20_000  # others pulled our frames through our upload budget

@@ -29,32 +29,16 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import cast
 
 import numpy as np
 
 from distronet.kernels.coding_bucket import RICE, centre_out
 from distronet.kernels.coding_index import RankMap, _rank_tables, _side, fixed_width
-from distronet.kernels.coding_jit_sum import HALF_BITS, values
+from distronet.kernels.coding_jit_sum import HALF_BITS, HAVE_JIT, F, _jit, values
 from distronet.kernels.coding_values import SCALE_TABLE
 
 __all__ = ["HAVE_JIT", "OK", "walk", "walk_tables"]
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-try:
-    import numba
-except ImportError:  # pragma: no cover - numba is a dependency; kept optional for odd platforms
-    HAVE_JIT = False
-else:
-    HAVE_JIT = True
-
-
-def _jit(fn: F) -> F:
-    if not HAVE_JIT:  # pragma: no cover
-        return fn
-    return cast(F, numba.njit(cache=True, nogil=True, boundscheck=False)(fn))
 
 
 def _inline(fn: F) -> F:
@@ -63,6 +47,8 @@ def _inline(fn: F) -> F:
     per-symbol helpers was over half of a payload walk (perf)."""
     if not HAVE_JIT:  # pragma: no cover
         return fn
+    import numba
+
     return cast(F, numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")(fn))
 
 

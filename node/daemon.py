@@ -50,7 +50,8 @@ from distronet.node.shards import fetch_shard, shard_tokens
 from distronet.node.status import NodeStatus, StatusFile
 from distronet.node.swarm.digests import DigestBoard
 from distronet.node.swarm.errors import SwarmError
-from distronet.node.swarm.exchange import AsyncSwarmExchange, SwarmExchange, manifest_topic
+from distronet.node.swarm.exchange import AsyncSwarmExchange, manifest_topic
+from distronet.node.swarm.exchange_sync import SwarmExchange
 from distronet.node.swarm.stack import Swarm
 from distronet.node.swarm.statesync import NoNewerState, StateDonor, fetch_state
 from distronet.node.sync import load_state_blob, state_blob

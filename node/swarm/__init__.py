@@ -7,8 +7,9 @@ Parts (each usable alone; :class:`~distronet.node.swarm.stack.Swarm` starts them
 - ``membership`` :class:`Membership` — expiring, signed DHT records under the run's key.
 - ``pull``       :class:`Puller`, :class:`ContentStore` — payloads by sha256 over direct streams.
 - ``stack``      :class:`Swarm` — the above as one object; ``announce_topic(run_id)``.
-- ``exchange``   :class:`AsyncSwarmExchange` / :class:`SwarmExchange` — the optimizer's ``Exchange``
-                 over the swarm (announce → pull → leader-ranked signed round manifest).
+- ``exchange``   :class:`AsyncSwarmExchange` — the optimizer's ``Exchange`` over the swarm
+                 (announce → pull → leader-ranked signed round manifest).
+- ``exchange_sync`` :class:`SwarmExchange` — the same, synchronous, for a trainer thread.
 - ``manifest``   the signed round manifest and ``leader_rank``.
 - ``statesync``  :class:`StateDonor`, :func:`fetch_state` — newcomer state from several donors in
                  verified, resumable chunks.

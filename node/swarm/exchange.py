@@ -37,14 +37,12 @@ every producer of a round is warming up are their packets taken as they are.
 swarm: its next round has no other producer while valid announcements of its peers are for steps
 past its window. ``collect`` then raises ``FellBehind`` (a ``RoundUnavailable``) instead of
 applying a round of one, and the daemon adopts the swarm's current state.
-``SwarmExchange`` wraps the async core in the synchronous ``Exchange`` interface for a trainer
-running in a worker thread while the swarm's event loop runs elsewhere.
+``exchange_sync.SwarmExchange`` wraps this async core in the synchronous ``Exchange`` interface.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import struct
@@ -57,7 +55,6 @@ from typing import Any, TypeVar
 from hivemind.p2p import PeerID
 
 from distronet.node.exchange.base import (
-    Exchange,
     ExchangeError,
     ExchangeStats,
     PeerDead,
@@ -80,7 +77,6 @@ __all__ = [
     "AsyncSwarmExchange",
     "ExchangeConfig",
     "FellBehind",
-    "SwarmExchange",
     "manifest_topic",
 ]
 
@@ -583,50 +579,3 @@ class AsyncSwarmExchange:
                     5.0,
                     "unregister",
                 )
-
-
-class SwarmExchange(Exchange):
-    """The synchronous ``Exchange`` over an ``AsyncSwarmExchange`` whose loop runs in another thread.
-
-    Call it from a worker thread (the trainer's), never from the loop's own thread (that would
-    deadlock: ``ExchangeError``).
-    """
-
-    def __init__(self, core: AsyncSwarmExchange, loop: asyncio.AbstractEventLoop) -> None:
-        self.core, self.loop = core, loop
-        cfg = core.config
-        self._collect_timeout = (
-            cfg.round_deadline_s + cfg.manifest_wait_s + 64 * cfg.manifest_grace_s + cfg.pull_timeout_s * 2
-        )
-
-    def _run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
-        try:
-            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is self.loop:
-            coro.close()
-            raise ExchangeError("SwarmExchange called from its own event loop; call it from a worker thread")
-        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return fut.result(timeout)
-        except concurrent.futures.TimeoutError:
-            fut.cancel()
-            raise RoundUnavailable(f"exchange call did not finish within {timeout:.1f} s") from None
-
-    @property
-    def peer_id(self) -> bytes:
-        return self.core.peer_id
-
-    @property
-    def stats(self) -> ExchangeStats:
-        return self.core.stats
-
-    def publish(self, step: int, frame: bytes) -> None:
-        self._run(self.core.publish(step, frame), 30.0)
-
-    def collect(self, step: int) -> Round:
-        return self._run(self.core.collect(step), self._collect_timeout)
-
-    def close(self) -> None:
-        self._run(self.core.close(), 30.0)

@@ -20,7 +20,8 @@ import pytest_asyncio
 
 from distronet.node.budget import Bandwidth
 from distronet.node.exchange.base import ExchangeError, Round
-from distronet.node.swarm.exchange import AsyncSwarmExchange, ExchangeConfig, SwarmExchange, manifest_topic
+from distronet.node.swarm.exchange import AsyncSwarmExchange, ExchangeConfig, manifest_topic
+from distronet.node.swarm.exchange_sync import SwarmExchange
 from distronet.node.swarm.manifest import leader_rank
 from distronet.node.swarm.membership import MembershipConfig
 from distronet.node.swarm.p2p import SwarmConfig

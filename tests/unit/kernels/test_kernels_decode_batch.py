@@ -103,8 +103,7 @@ def test_compiled_scatter_is_bit_identical_to_index_add(monkeypatch: pytest.Monk
     small and big (spatial-order) tensors, every coding, several k, packets missing tensors."""
     from distronet.kernels import coding_fast
 
-    if not coding_fast.warm():
-        pytest.skip("numba is not installed")
+    assert coding_fast.warm(), "numba is a dependency: the compiled decoder must be available"
     layouts = [plan_layout(s, 16) for s in SHAPES]
     nk = [(lay.n_chunks, lay.chunk_numel) for lay in layouts]
     flats = []

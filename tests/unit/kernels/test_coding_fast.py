@@ -20,7 +20,11 @@ from distronet.kernels.coding import (
 from distronet.protocol.errors import Rejected
 from distronet.protocol.limits import DEFAULT_LIMITS
 
-pytestmark = pytest.mark.skipif(not coding_fast.HAVE_JIT, reason="numba is not installed")
+
+def test_numba_is_present() -> None:
+    """numba is a dependency: without it every test here would test the numpy decoder twice."""
+    assert coding_fast.HAVE_JIT
+
 
 CHUNKS = [1, 7, 9, 49, 64, 256, 4096]
 Layouts = list[tuple[int, int]]

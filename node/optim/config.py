@@ -63,7 +63,9 @@ class DistroConfig:
     steps run synchronously); ``overlap_lookahead`` stands in a guess of the update in flight,
     scaled by ``overlap_scale`` (in [0, 2]); ``overlap_predict`` says which: ``"last"`` (the
     previous update) or ``"own"`` (the rule applied to this peer's own packet for that step) or
-    ``"ema"`` (a running mean of the applied updates with factor ``overlap_ema``).
+    ``"ema"`` (a running mean of the applied updates with factor ``overlap_ema``) or ``"eager"``
+    (the rule applied to the last round's aggregate with this peer's part swapped for its fresh
+    packet: its own contribution fresh, the other peers' one step late; ``overlap_eager.py``).
 
     Outer momentum (``outer_momentum`` μ > 0): every replica keeps the same buffer of the mean
     aggregates, ``M ← μ·M + D`` (replicated state, parameter shape), and the update rule is
@@ -117,7 +119,7 @@ class DistroConfig:
         _check(self.warmup_steps >= 0 and self.total_steps >= 0, "warmup_steps/total_steps must be >= 0")
         _check(self.decay in ("cosine", "linear", "constant"), f"unknown decay {self.decay!r}")
         _check(
-            self.overlap_predict in ("last", "own", "ema"),
+            self.overlap_predict in ("last", "own", "ema", "eager"),
             f"unknown overlap_predict {self.overlap_predict!r}",
         )
         _check(0.0 <= self.overlap_ema < 1.0, f"overlap_ema must be in [0, 1), got {self.overlap_ema}")

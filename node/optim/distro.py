@@ -46,6 +46,7 @@ from distronet.kernels.dct import dct_chunks
 from distronet.kernels.decode import decode_sum
 from distronet.node.exchange.base import Exchange, Round
 from distronet.node.optim.config import DistroConfig, UpdateRule, lr_at
+from distronet.node.optim.overlap_eager import EagerBase
 from distronet.node.optim.packets import (
     DecodeCache,
     DecodedRound,
@@ -123,6 +124,7 @@ class DistroOptimizer(torch.optim.Optimizer):
         self._begun = False
         self._pending: dict[int, _Pending] = {}
         self._last_u: list[torch.Tensor] = []  # overlap: the last applied update of each parameter
+        self._eager: EagerBase | None = None  # overlap "eager": the last round's aggregate and own part
         self.reports: list[StepReport] = []
 
     @property
@@ -285,10 +287,16 @@ class DistroOptimizer(torch.optim.Optimizer):
         out: torch.Tensor = ema
         return out
 
-    def _predict(self, plan: TensorPlan, p: torch.Tensor, sent: SentTensor) -> torch.Tensor:
+    def _predict(
+        self, plan: TensorPlan, p: torch.Tensor, sent: SentTensor, eager: EagerBase | None = None
+    ) -> torch.Tensor:
         """Overlap lookahead from this peer's own packet for the step in flight: the rule applied
-        to what it sent (the Adam rule normalises with the current ``v``, leaving it unchanged)."""
+        to what it sent (the Adam rule normalises with the current ``v``, leaving it unchanged).
+        With ``eager`` (``overlap_predict="eager"``) the rule is applied instead to the last
+        round's aggregate with this peer's part swapped for its fresh packet (``EagerBase.mix``)."""
         d = decode_sum(plan.layout, [(sent.idx, sent.val)], dtype=torch.float32, device=p.device)
+        if eager is not None:
+            d = eager.mix(plan, p, d)
         rule = self._rule_for(plan)
         st = self.state[p]
         mu, buf = self.cfg.outer_momentum, st.get("outer")
@@ -336,6 +344,8 @@ class DistroOptimizer(torch.optim.Optimizer):
             applied.append(u)
         if cfg.overlap:
             self._last_u = applied
+        if cfg.overlap and cfg.overlap_predict == "eager":
+            self._eager = EagerBase.of(self.plans, shared, pending.sent if own else [], n)
         if lookahead and cfg.overlap_lookahead:
             self._set_lookahead(rnd.step + 1, applied)
 
@@ -345,11 +355,12 @@ class DistroOptimizer(torch.optim.Optimizer):
         ``step`` still in flight (``overlap_predict``: ``last`` update, ``ema`` of the updates,
         or the rule on this peer's ``own`` packet for that step)."""
         cfg = self.cfg
-        own = self._pending.get(step) if cfg.overlap_predict == "own" else None
+        own = self._pending.get(step) if cfg.overlap_predict in ("own", "eager") else None
+        eager = self._eager if cfg.overlap_predict == "eager" else None
         alpha = -lr_at(cfg, step) * cfg.overlap_scale
         for i, (plan, p) in enumerate(zip(self.plans, self._params, strict=True)):
             if own is not None:
-                guess = self._predict(plan, p, own.sent[i])
+                guess = self._predict(plan, p, own.sent[i], eager)
             elif not last:
                 continue
             elif cfg.overlap_predict == "ema":

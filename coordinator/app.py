@@ -46,6 +46,7 @@ from distronet.coordinator.openapi import build_openapi
 from distronet.coordinator.service import Coordinator
 from distronet.coordinator.sessions import SessionTable
 from distronet.coordinator.store import Store, open_store
+from distronet.coordinator.trace import TRACE
 from distronet.protocol import coordinator_api as api
 from distronet.protocol.coordinator_api import API_PREFIX, ApiError, ApiErrorCode, Schema, error_body
 from distronet.protocol.coordinator_session import HDR_SESSION, SESSION
@@ -230,6 +231,7 @@ class CoordinatorApp:
         self.freeze_heap()
         self.started_ms = int(self.clock() * 1000)
         self.committer.start()
+        TRACE.start()
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="coordinator-sweep")
 
     def freeze_heap(self) -> None:
@@ -273,6 +275,7 @@ class CoordinatorApp:
             self._sweeper = None
         await self.committer.close()
         await self.store.close()
+        TRACE.dump()
 
     # ---------------------------------------------------------------- pipeline
 

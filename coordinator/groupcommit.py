@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from distronet.coordinator.store import Batch, Store
 from distronet.coordinator.store.base import Row
+from distronet.coordinator.trace import TRACE
 from distronet.protocol.coordinator_api import ApiError, ApiErrorCode
 
 __all__ = ["GroupCommitter"]
@@ -50,6 +51,7 @@ class GroupCommitter:
         self._task: asyncio.Task[None] | None = None
         self.failed: BaseException | None = None
         self.commits = 0
+        self.taken = 0  # batches the writer has taken (the in-flight one is number ``taken``)
 
     def start(self) -> None:
         """Start the writer task (call inside the running loop)."""
@@ -81,6 +83,13 @@ class GroupCommitter:
             self._fut = asyncio.get_running_loop().create_future()
         return self._fut
 
+    def batch_of(self, fut: asyncio.Future[None] | None) -> int:
+        """The number of the batch whose commit ``fut`` (from :meth:`durable_future`) waits for
+        (0: none). For the trace."""
+        if fut is None:
+            return 0
+        return self.taken if fut is self._inflight else self.taken + 1
+
     async def durable(self) -> None:
         """Wait until everything staged so far is committed. Raises ApiError(UNAVAILABLE) on failure."""
         fut = self.durable_future()
@@ -103,6 +112,7 @@ class GroupCommitter:
             if fut is None:
                 fut = asyncio.get_running_loop().create_future()
             self._inflight = fut
+            self.taken += 1
             t0 = time.perf_counter()
             try:
                 await self.store.commit(batch)
@@ -120,8 +130,13 @@ class GroupCommitter:
             finally:
                 self._inflight = None
             self.commits += 1
+            t1 = time.perf_counter()
+            if TRACE.on:
+                TRACE.commit(
+                    self.taken, t0, *getattr(self.store, "last_timing", (0.0, 0.0, 0.0, 0.0)), t1, len(batch)
+                )
             if self._on_commit is not None:
-                self._on_commit(len(batch), time.perf_counter() - t0)
+                self._on_commit(len(batch), t1 - t0)
             if not fut.done():
                 fut.set_result(None)
             for cb in callbacks:

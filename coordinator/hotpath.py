@@ -39,6 +39,7 @@ from multidict import CIMultiDict
 from distronet.coordinator import handlers
 from distronet.coordinator.app import JSON, ROUTES, Ctx, encode_json, parse_json
 from distronet.coordinator.fastpath import match_hot
+from distronet.coordinator.trace import TRACE
 from distronet.protocol.coordinator_api import ApiError, ApiErrorCode
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ def _answer(status: int, payload: bytes, extra: bytes) -> bytes:
 class _Head:
     """A parsed hot request head."""
 
-    __slots__ = ("close", "headers", "length", "name", "params", "path")
+    __slots__ = ("close", "headers", "length", "name", "params", "path", "trace")
 
     def __init__(
         self,
@@ -100,6 +101,7 @@ class _Head:
     ) -> None:
         self.name, self.params, self.path = name, params, path
         self.headers, self.length, self.close = headers, length, close
+        self.trace: list[Any] | None = None
 
 
 def parse_head(head: bytes) -> _Head | None:
@@ -170,6 +172,7 @@ class HotProtocol(asyncio.Protocol):
         self.busy = False  # a call is waiting for its commit
         self.paused = False
         self.heard = time.monotonic()  # last bytes received (idle connections are closed)
+        self.recv = 0.0  # perf_counter when the buffer's first bytes arrived (trace only)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -183,6 +186,8 @@ class HotProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.heard = time.monotonic()
+        if TRACE.on and not self.buf:
+            self.recv = time.perf_counter()
         self.buf += data
         if self.busy:
             if len(self.buf) > 2 * MAX_HEAD and not self.paused and self.transport is not None:
@@ -249,6 +254,8 @@ class HotProtocol(asyncio.Protocol):
             status, obj = op(app, Ctx(None, head.params, parsed, peer))
             payload = encode_json(obj).encode()
             fut = app.committer.durable_future()
+            if TRACE.on:
+                head.trace = [self.recv, t0, time.perf_counter(), app.committer.batch_of(fut)]
         except ApiError as e:
             self._error(head, t0, e)
             return
@@ -258,6 +265,7 @@ class HotProtocol(asyncio.Protocol):
             return
         if fut is None:
             self._write(head.name, t0, status, payload, head.close)
+            self._traced(head, status)
             return
         self.busy = True
 
@@ -269,9 +277,23 @@ class HotProtocol(asyncio.Protocol):
                 self._error(head, t0, e or ApiError(ApiErrorCode.UNAVAILABLE, f"storage failed: {err}"))
             else:
                 self._write(head.name, t0, status, payload, head.close)
+                self._traced(head, status)
             self._next()
 
         fut.add_done_callback(committed)
+
+    @staticmethod
+    def _traced(head: _Head, status: int) -> None:
+        if head.trace is not None and TRACE.on:
+            h = head.headers
+            TRACE.call(
+                head.name,
+                *head.trace,
+                time.perf_counter(),
+                status,
+                h.get("X-Distro-Peer"),
+                h.get("X-Distro-Nonce"),
+            )
 
     def _error(self, head: _Head, t0: float, e: ApiError) -> None:
         payload = encode_json(e.body()).encode()

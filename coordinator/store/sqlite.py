@@ -33,6 +33,7 @@ from typing import TypeVar
 
 from distronet.coordinator.store.base import TABLES, Batch, Snapshot, Store, StoreError, upsert_sql
 from distronet.coordinator.store.migrations import MIGRATIONS, VERSION_TABLE
+from distronet.coordinator.trace import TRACE
 
 __all__ = ["SqliteStore"]
 
@@ -98,7 +99,10 @@ class _Checkpointer:
         try:
             while not self._stop.wait(self.interval_s):
                 try:
+                    t0 = time.perf_counter()
                     conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    if TRACE.on:
+                        TRACE.checkpoint(t0, time.perf_counter() - t0)
                 except sqlite3.Error as e:
                     log.warning("SQLite checkpoint failed (retried in %.1f s): %s", self.interval_s, e)
         finally:
@@ -118,6 +122,8 @@ class SqliteStore(Store):
         self._conn: sqlite3.Connection | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")
         self._checkpointer: _Checkpointer | None = None
+        # The last commit's thread start, statements done, COMMIT done (perf_counter), thread CPU s.
+        self.last_timing = (0.0, 0.0, 0.0, 0.0)
 
     async def _run(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
@@ -160,13 +166,17 @@ class SqliteStore(Store):
 
     def _commit(self, work: list[tuple[str, list[tuple[object, ...]]]]) -> None:
         conn = self._c()
+        t0 = t1 = time.perf_counter()
+        c0 = time.thread_time()
         try:
             with _transaction(conn):
                 for table, rows in work:
                     for sql, params in _upserts(table, rows):
                         conn.execute(sql, params)
+                t1 = time.perf_counter()
         except sqlite3.Error as e:
             raise StoreError(f"SQLite commit failed: {e}") from e
+        self.last_timing = (t0, t1, time.perf_counter(), time.thread_time() - c0)
 
     async def load(self) -> Snapshot:
         return await self._run(self._load)

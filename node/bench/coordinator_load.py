@@ -64,6 +64,9 @@ class LoadStats:
     errors: int = 0
     codes: dict[str, int] = field(default_factory=dict)
     kinds: dict[str, int] = field(default_factory=dict)
+    started: float = 0.0  # perf_counter of the schedule's start (connections already open)
+    finished: float = 0.0  # perf_counter of the last answer (or of giving up on the rest)
+    trace: list[tuple[Any, ...]] | None = None  # (peer, nonce, kind, scheduled, sent, answered, status)
 
     def error(self, code: str) -> None:
         self.errors += 1
@@ -76,6 +79,8 @@ class _Call:
     kind: str
     peer: Peer
     scheduled: float
+    sent: float = 0.0
+    nonce: str = ""
 
 
 class _Conn(asyncio.Protocol):
@@ -154,6 +159,7 @@ class _Generator:
         self.waiting: deque[_Call] = deque()
         self.stats = LoadStats()
         self.counter = 0
+        self.last_answer = 0.0
         self.inflight = 0
         self.connecting = 0
         self.auth = auth
@@ -198,6 +204,7 @@ class _Generator:
             path, body = self._path_body(call.kind, p, i)
         if p.session is not None:
             ts, nonce = int(time.time() * 1000), p.next_nonce()
+            call.nonce = nonce
             h = p.keyed.copy()  # a keyed HMAC copied: cheaper than hmac.digest's key set-up
             h.update(request_message("POST", path, ts, nonce, body))
             mac = h.digest()
@@ -230,9 +237,11 @@ class _Generator:
             self._grow()
 
     def _send(self, conn: _Conn, call: _Call) -> None:
-        self.stats.send_lag.append(time.perf_counter() - call.scheduled)
         self.inflight += 1
-        conn.send(call, self._request(call))
+        data = self._request(call)
+        call.sent = time.perf_counter()
+        self.stats.send_lag.append(call.sent - call.scheduled)
+        conn.send(call, data)
 
     def _grow(self) -> None:
         open_ = self.inflight + len(self.idle) + self.connecting
@@ -262,7 +271,12 @@ class _Generator:
     def answered(self, conn: _Conn, call: _Call, status: int, body: bytes, closed: bool) -> None:
         st = self.stats
         self.inflight -= 1
-        st.lat.append(time.perf_counter() - call.scheduled)
+        now = self.last_answer = time.perf_counter()
+        st.lat.append(now - call.scheduled)
+        if st.trace is not None:
+            st.trace.append(
+                (call.peer.ident.peer_id_b58, call.nonce, call.kind, call.scheduled, call.sent, now, status)
+            )
         st.kinds[call.kind] = st.kinds.get(call.kind, 0) + 1
         if status != 200:
             st.error(str(status))
@@ -306,7 +320,7 @@ class _Generator:
             await self._connect()
         clock = time.perf_counter
         rate, total = self.rate, int(seconds * self.rate)
-        t0 = clock()
+        t0 = self.stats.started = clock()
         sent = 0
         while sent < total:
             due = min(int((clock() - t0) * rate) + 1, total)
@@ -317,6 +331,7 @@ class _Generator:
         deadline = clock() + 30
         while (self.inflight or self.waiting) and clock() < deadline:
             await asyncio.sleep(0.005)
+        self.stats.finished = clock() if self.inflight or self.waiting else self.last_answer
         if self.inflight or self.waiting:
             self.stats.error("Unanswered")
         for c in list(self.idle):
@@ -326,14 +341,25 @@ class _Generator:
 
 
 async def run_load(
-    url: str, run_id: str, peers: list[Peer], *, rate: float, seconds: float, concurrency: int, auth: str
+    url: str,
+    run_id: str,
+    peers: list[Peer],
+    *,
+    rate: float,
+    seconds: float,
+    concurrency: int,
+    auth: str,
+    trace: bool = False,
 ) -> LoadStats:
     """Schedule ``rate`` node calls per second for ``seconds`` against ``url``; every answer checked.
 
-    ``auth="signature"`` pre-signs the phase's heartbeats and leases first (untimed).
+    ``auth="signature"`` pre-signs the phase's heartbeats and leases first (untimed). ``trace``
+    keeps one record per answered call in ``LoadStats.trace``.
     """
     host, port = url.split("//", 1)[1].rsplit(":", 1)
     gen = _Generator(host, int(port), run_id, peers, rate, concurrency, auth)
+    if trace:
+        gen.stats.trace = []
     if auth == "signature":
         gen.presign(int(rate * seconds) + 1)
     return await gen.run(seconds)

@@ -301,7 +301,7 @@ def decode_payload(
 
 
 def warm() -> bool:
-    """Compile the walk and the scatter (``decode_batch``) now, or load them from numba's on-disk
+    """Compile the walk and the scatters (``decode_batch``, ``decode``) now, or load them from numba's on-disk
     cache, and use them from now on.
 
     Also leaves a marker next to the cache, so later processes use the cached walk without
@@ -320,15 +320,16 @@ def warm() -> bool:
     val = np.array([[1.0, -2.0, 0.5, 3.0]], dtype=np.float32)
     data = encode_payload([encode_tensor(0, idx, val, 64, ValueCoding.SIGN1, IndexCoding.ENTROPY)[0]])
     flat = _decode(_PLANS.find(data, [(1, 64)], DEFAULT_LIMITS), data)
-    from distronet.kernels.coding_jit_sum import scatter_flat
+    from distronet.kernels.coding_jit_sum import scatter_flat, scatter_part
 
     one = np.zeros(1, dtype=np.int64)
+    table = np.arange(64, dtype=np.int64)
+    out = np.zeros(64, dtype=np.float32)
     for local_at in (one - 1, one):  # chunk order and spatial order
-        table = np.arange(64, dtype=np.int64)
-        out = np.zeros(64, dtype=np.float32)
         scatter_flat(
             out, flat.tensor_ids, flat.n, flat.k, flat.offsets, flat.idx, flat.val, one, one, table, local_at
         )
+    scatter_part(out, flat.idx.reshape(1, -1), flat.val.reshape(1, -1), one, table, 64)  # decode.decode_sum
     _WARM.set()
     try:
         _marker().parent.mkdir(exist_ok=True)

@@ -24,7 +24,7 @@ from typing import Any, TypeVar, cast
 
 import numpy as np
 
-__all__ = ["BAD_VALUE", "HAVE_JIT", "scatter_flat", "values"]
+__all__ = ["BAD_VALUE", "HAVE_JIT", "scatter_flat", "scatter_part", "values"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -135,3 +135,28 @@ def scatter_flat(
             else:
                 for e in range(kt):
                     buf[base + local[la + idx[row + e]]] += val[row + e]
+
+
+@_jit
+def scatter_part(
+    buf: np.ndarray, idx: np.ndarray, val: np.ndarray, base: np.ndarray, local: np.ndarray, cn: int
+) -> bool:
+    """``buf[base[c] + local[idx[c, e]]] += val[c, e]`` for every entry of one part ``(n, k)``, row
+    by row; False (before adding anything) when an index lies outside ``[0, cn)``.
+
+    The additions :func:`decode.decode_sum`'s ``scatter_add_`` makes for this part, in the same
+    order (parts are added one after another), so sums are bit-identical. ``idx`` int64 and
+    ``val`` float32, both C-contiguous ``(n, k)``; ``base`` int64 ``(n,)``, ``local`` int64
+    ``(cn,)`` whose positions fit ``buf`` (the caller's tables).
+    """
+    n, k = idx.shape
+    for c in range(n):
+        for e in range(k):
+            i = idx[c, e]
+            if i < 0 or i >= cn:
+                return False
+    for c in range(n):
+        b = base[c]
+        for e in range(k):
+            buf[b + local[idx[c, e]]] += val[c, e]
+    return True

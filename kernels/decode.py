@@ -14,18 +14,24 @@ Two inverses, chosen by the total ``K = sum(k)`` per chunk (see :func:`choose_me
   ``2 * n_coefficients * K`` flops), then one copy into place.
 
 On CUDA, the scatter accumulates with atomics, so the last bits of a sum may differ from
-run to run; on CPU the result is deterministic.
+run to run; on CPU the result is deterministic. On CPU with float32 values, once the compiled
+decoder is warm (:func:`coding_fast.use_jit`), the dense inverse's scatter is one compiled loop
+per part (:func:`coding_jit_sum.scatter_part`) instead of stacking the parts and building every
+position with tensor operations: the same float32 additions in the same order, so the result is
+bit-identical to the tensor path's (``test_kernels_decode_fast.py``).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
 import torch
 
-from distronet.kernels.dct import dct_basis, idct_spatial, spatial_index, work_dtype
+from distronet.kernels.coding_fast import use_jit
+from distronet.kernels.dct import dct_basis, idct_spatial, index_tables, spatial_index, work_dtype
 from distronet.kernels.layout import ChunkLayout
 from distronet.kernels.workspace import scratch
 from distronet.protocol.errors import KernelError
@@ -157,6 +163,58 @@ def _dense(layout: ChunkLayout, groups: Sequence[Group], dt: torch.dtype, dev: t
     return idct_spatial(buf, layout)
 
 
+@functools.lru_cache(maxsize=256)
+def _cpu_tables(layout: ChunkLayout) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`dct.index_tables` on the CPU as numpy: (chunk base ``(n_chunks,)``, local
+    ``(chunk_numel,)``)."""
+    base, local = index_tables(layout, torch.device("cpu"))
+    return base.reshape(-1).numpy(), local.numpy()
+
+
+def _part_arrays(part: Part) -> tuple[np.ndarray, np.ndarray] | None:
+    """A CPU float32 part as C-contiguous numpy (idx int64, val float32); None for any other
+    (on a device, requiring grad, another dtype: the tensor path takes those)."""
+    try:
+        idx, val = part[0].numpy(), part[1].numpy()
+    except (RuntimeError, TypeError):
+        return None
+    if val.dtype != np.float32:
+        return None
+    if not idx.flags.c_contiguous:
+        idx = np.ascontiguousarray(idx)
+    if not val.flags.c_contiguous:
+        val = np.ascontiguousarray(val)
+    return idx, val
+
+
+def _dense_compiled(
+    layout: ChunkLayout, parts: Sequence[Part], dt: torch.dtype, dev: torch.device
+) -> torch.Tensor | None:
+    """:func:`_dense` with the scatter compiled (module doc), bit-identical; None where it does not
+    apply (not CPU float32, compiled code not loaded, an index out of range: the tensor path then
+    decides, with its exact error). Parts are added in :func:`_groups`' order: by ``k`` in order of
+    first appearance, then in part order."""
+    if dev.type != "cpu" or dt != torch.float32 or not use_jit():
+        return None
+    by_k: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for part in parts:
+        arrays = _part_arrays(part)
+        if arrays is None:
+            return None
+        by_k.setdefault(arrays[0].shape[1], []).append(arrays)
+    from distronet.kernels.coding_jit_sum import scatter_part
+
+    spatial = (layout.grid[0], layout.block[0]) if len(layout.block) == 1 else (layout.batch, *layout.padded)
+    buf = scratch(1, spatial, dt, dev).zero_()
+    flat = buf.view(-1).numpy()
+    base, local = _cpu_tables(layout)
+    for members in by_k.values():
+        for idx, val in members:
+            if not scatter_part(flat, idx, val, base, local, layout.chunk_numel):
+                return None
+    return idct_spatial(buf, layout)
+
+
 def _sparse(layout: ChunkLayout, groups: Sequence[Group], dt: torch.dtype, dev: torch.device) -> torch.Tensor:
     bc = layout.block[-1]
     basis_c = dct_basis(bc, dt, dev)
@@ -220,5 +278,9 @@ def decode_sum(
     if method == "auto":
         method = choose_method(layout, sum(int(p[0].shape[1]) for p in parts))
     with torch.no_grad():
+        if method == "dense":
+            fast = _dense_compiled(layout, parts, dt, dev)
+            if fast is not None:
+                return fast
         groups = _groups(layout, parts, dt, dev)
         return (_sparse if method == "sparse" else _dense)(layout, groups, dt, dev)

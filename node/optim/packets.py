@@ -314,20 +314,24 @@ def open_round(
             continue
         peers.append(pid)
         round_hash.update(pid + frame_hash)
-        for tid, (idx, val) in one:
-            parts[tid].append((idx.to(device), val.to(device)))
+        if device.type == "cpu":  # decoded on the CPU: the views themselves
+            for tid, part in one:
+                parts[tid].append(part)
+        else:
+            for tid, (idx, val) in one:
+                parts[tid].append((idx.to(device), val.to(device)))
     return DecodedRound(step, tuple(peers), parts, rejected, round_hash.digest())
 
 
 def _as_parts(flat: FlatPayload) -> list[tuple[int, Part]]:
-    """A decoded payload's tensors as ``(tensor id, (idx, val))`` torch views (no copies)."""
+    """A decoded payload's tensors as ``(tensor id, (idx (n, k), val (n, k)))`` torch views of its
+    flat arrays (no copies; one split per array, not a conversion per tensor)."""
+    sizes = np.diff(flat.offsets).tolist()
+    idx = torch.from_numpy(np.asarray(flat.idx, dtype=np.int64)).split(sizes)
+    val = torch.from_numpy(np.asarray(flat.val, dtype=np.float32)).split(sizes)
     return [
-        (
-            t.tensor_id,
-            (
-                torch.from_numpy(np.asarray(t.idx, dtype=np.int64)),
-                torch.from_numpy(np.asarray(t.val, dtype=np.float32)),
-            ),
+        (t, (i.view(n, k), v.view(n, k)))
+        for t, n, k, i, v in zip(
+            flat.tensor_ids.tolist(), flat.n.tolist(), flat.k.tolist(), idx, val, strict=True
         )
-        for t in flat.tensors()
     ]

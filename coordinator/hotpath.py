@@ -241,6 +241,19 @@ class HotProtocol(asyncio.Protocol):
         t0 = time.perf_counter()
         self.shared.hot_calls += 1
         hdrs = head.headers
+        status, payload = 500, b""
+
+        def committed(err: BaseException | None) -> None:
+            """The commit holding this call's writes ended: answer (called by the committer)."""
+            self.busy = False
+            if err is not None:
+                e = err if isinstance(err, ApiError) else None
+                self._error(head, t0, e or ApiError(ApiErrorCode.UNAVAILABLE, f"storage failed: {err}"))
+            else:
+                self._write(head.name, t0, status, payload, head.close)
+                self._traced(head, status)
+            self._next()
+
         try:
             app.admit(head.length, limit)
             now = app.clock()
@@ -253,9 +266,9 @@ class HotProtocol(asyncio.Protocol):
             parsed = route.schema.validate(parse_json(body))  # type: ignore[union-attr]
             status, obj = op(app, Ctx(None, head.params, parsed, peer))
             payload = encode_json(obj).encode()
-            fut = app.committer.durable_future()
             if TRACE.on:
-                head.trace = [self.recv, t0, time.perf_counter(), app.committer.batch_of(fut)]
+                head.trace = [self.recv, t0, time.perf_counter(), app.committer.batch_of_waiter()]
+            waits = app.committer.when_durable(committed)
         except ApiError as e:
             self._error(head, t0, e)
             return
@@ -263,24 +276,11 @@ class HotProtocol(asyncio.Protocol):
             log.exception("unexpected error in POST %s", head.path)
             self._error(head, t0, ApiError(ApiErrorCode.INTERNAL, "internal error; see the coordinator log"))
             return
-        if fut is None:
+        if waits:
+            self.busy = True
+        else:
             self._write(head.name, t0, status, payload, head.close)
             self._traced(head, status)
-            return
-        self.busy = True
-
-        def committed(f: asyncio.Future[None]) -> None:
-            self.busy = False
-            err = None if f.cancelled() else f.exception()
-            if f.cancelled() or err is not None:
-                e = err if isinstance(err, ApiError) else None
-                self._error(head, t0, e or ApiError(ApiErrorCode.UNAVAILABLE, f"storage failed: {err}"))
-            else:
-                self._write(head.name, t0, status, payload, head.close)
-                self._traced(head, status)
-            self._next()
-
-        fut.add_done_callback(committed)
 
     @staticmethod
     def _traced(head: _Head, status: int) -> None:

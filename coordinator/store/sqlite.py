@@ -164,6 +164,25 @@ class SqliteStore(Store):
         if work:
             await self._run(lambda: self._commit(work))
 
+    def commit_cb(self, batch: Batch, done: Callable[[BaseException | None], None]) -> None:
+        """Commit ``batch`` on the store's thread, then ``done(None)`` (or ``done(error)``) in the
+        calling event loop through one ``call_soon_threadsafe``: no executor future, no task.
+        Call from the loop; commits and the other calls run in submission order."""
+        loop = asyncio.get_running_loop()
+        work = batch.ordered()
+
+        def job() -> None:
+            err: BaseException | None = None
+            try:
+                if work:
+                    self._commit(work)
+            except BaseException as e:
+                err = e
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
+                loop.call_soon_threadsafe(done, err)
+
+        self._pool.submit(job)
+
     def _commit(self, work: list[tuple[str, list[tuple[object, ...]]]]) -> None:
         conn = self._c()
         t0 = t1 = time.perf_counter()

@@ -1,0 +1,110 @@
+"""The group committer: waiters answered in order once their rows are on disk, one commit in
+flight at a time, the next batch handed over in the callback that ends the previous one, and a
+store failure failing every waiter and every later write."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from distronet.coordinator.groupcommit import GroupCommitter
+from distronet.coordinator.store import StoreError, open_store
+from distronet.coordinator.store.sqlite import SqliteStore
+from distronet.protocol.coordinator_api import ApiError
+
+
+def _join_token(i: int) -> tuple[object, ...]:
+    return ("r1", f"hash{i}", 1.0, 9e9)
+
+
+def _on_disk(path: Path) -> int:
+    with sqlite3.connect(path) as conn:
+        return int(conn.execute("SELECT COUNT(*) FROM join_tokens").fetchone()[0])
+
+
+async def test_waiters_answered_in_order_after_their_rows_are_durable(tmp_path: Path) -> None:
+    db = tmp_path / "gc.db"
+    store = open_store(f"sqlite:///{db}")
+    await store.open()
+    committer = GroupCommitter(store)
+    committer.start()
+    seen: list[tuple[int, int]] = []  # (waiter, rows on disk when it was answered)
+    done = asyncio.Event()
+
+    def waiter(i: int) -> Callable[[BaseException | None], None]:
+        def cb(err: BaseException | None) -> None:
+            assert err is None
+            seen.append((i, _on_disk(db)))
+            if len(seen) == 30:
+                done.set()
+
+        return cb
+
+    assert committer.when_durable(waiter(-1)) is False  # nothing staged, nothing in flight
+    for i in range(30):
+        committer.put("join_tokens", _join_token(i))
+        assert committer.when_durable(waiter(i)) is True
+        if i % 7 == 0:
+            await asyncio.sleep(0)  # let some batches go while others fill
+    await asyncio.wait_for(done.wait(), 10)
+    assert [i for i, _ in seen] == list(range(30))
+    assert all(rows >= i + 1 for i, rows in seen)  # each waiter's own row (and all before) on disk
+    assert 1 <= committer.commits <= 30 and committer.taken == committer.commits
+    await committer.close()
+    await store.close()
+    assert _on_disk(db) == 30
+
+
+class _BrokenStore(SqliteStore):
+    """A real SQLite store whose second commit fails (a full disk, say)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.n = 0
+
+    def _commit(self, work: list[tuple[str, list[tuple[object, ...]]]]) -> None:
+        self.n += 1
+        if self.n == 2:
+            raise StoreError("disk full")
+        super()._commit(work)
+
+
+async def test_a_failed_commit_fails_its_waiters_and_every_later_write(tmp_path: Path) -> None:
+    store = _BrokenStore(str(tmp_path / "broken.db"))
+    await store.open()
+    fatal: list[BaseException] = []
+    committer = GroupCommitter(store, on_fatal=fatal.append)
+    committer.start()
+    committer.put("join_tokens", _join_token(0))
+    await committer.durable()  # the first commit works
+    errors: list[BaseException | None] = []
+    committer.put("join_tokens", _join_token(1))
+    assert committer.when_durable(errors.append)
+    with pytest.raises(ApiError):
+        await committer.durable()
+    assert len(errors) == 1 and isinstance(errors[0], StoreError)
+    assert fatal and isinstance(committer.failed, StoreError)
+    with pytest.raises(ApiError):
+        committer.put("join_tokens", _join_token(2))
+    with pytest.raises(ApiError):
+        committer.when_durable(errors.append)
+    await committer.close()
+    await store.close()
+
+
+async def test_rows_staged_before_start_commit_on_start(tmp_path: Path) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'early.db'}")
+    await store.open()
+    committer = GroupCommitter(store)
+    committer.put("join_tokens", _join_token(0))  # before start: staged only
+    committer.start()
+    await committer.flush()
+    assert committer.commits == 1
+    snap = await store.load()
+    assert len(snap.tables["join_tokens"]) == 1
+    await committer.close()
+    await store.close()

@@ -3,18 +3,19 @@
 Handlers change the in-memory state, stage the changed rows with :meth:`GroupCommitter.put`
 and then ``await committer.durable()`` (or register a plain callback with
 :meth:`GroupCommitter.when_durable`) before they answer: an acknowledged write is always on
-disk. While one transaction commits, the next batch fills; it is handed to the store in the
-very callback that learns the previous commit is done, so one fsync carries every request
-that arrived meanwhile and the disk never idles between commits while rows wait.
+disk. While one transaction commits, the next batch fills; it is handed to the store one poll
+phase after the previous commit is done, so one fsync carries every request that arrived
+meanwhile.
 
 No task and no future sit between the store and the answers: a store with ``commit_cb`` (the
 SQLite one) reports completion with one ``call_soon_threadsafe`` of :meth:`_done`, which
-answers every waiter of the batch (their callbacks run right there, in order) and starts the
-next commit, all in one event-loop callback. The earlier design (a writer task awaiting an
-executor future, waiters resumed through future done-callbacks) took three loop iterations from
-the fsync's end to the answers, and every iteration first ran the poll phase: a burst of new
-requests arriving on hundreds of connections (tens of milliseconds of handling after any
-stall) was served before the calls whose commit had already finished.
+answers every waiter of the batch (their callbacks run right there, in order) and schedules
+the next commit for right after the next poll phase (so what arrived meanwhile joins it). The
+earlier design (a writer task awaiting an executor future, waiters resumed through future
+done-callbacks) took three loop iterations from the fsync's end to the answers, and every
+iteration first ran the poll phase: a burst of new requests arriving on hundreds of
+connections (tens of milliseconds of handling after any stall) was served before the calls
+whose commit had already finished.
 
 Commits are strictly ordered, so an answer that depends on an earlier change (for example a
 lease issued after another one expired) is never acknowledged before that change is durable.
@@ -220,8 +221,10 @@ class GroupCommitter:
                 cb()
             except Exception:
                 log.exception("after-commit callback failed")
-        if self._staged or self._callbacks or self._waiters or self._fut is not None:
-            self._begin()  # what arrived meanwhile (and what the answers above staged) goes now
+        # What arrived meanwhile goes next, after one more poll phase: the requests whose bytes
+        # came in while the answers above were written join it (beginning right here, without
+        # them, made many one-row commits that held a full fsync slot ahead of a big batch).
+        self._kick()
 
     def _fail(
         self,

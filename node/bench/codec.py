@@ -64,17 +64,24 @@ def run(args: argparse.Namespace) -> int:
     steps = args.steps if args.steps is not None else (3 if args.quick else 30)
     size = args.size if args.size is not None else (512 if args.quick else 4096)
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else 3)
+    dec_repeats = args.decode_repeats if args.decode_repeats is not None else (1 if args.quick else 9)
     codings = [(vc, ic) for vc in ValueCoding for ic in IndexCoding]
     if args.quick:  # the headline codings only
         codings = [c for c in codings if (c[0].name.lower(), c[1].name.lower()) in QUICK_CODINGS]
     load_before = os.getloadavg()[0]
     sets = [gpt_momentum(steps, chunk=args.chunk), big_matrix(size, chunk=args.chunk)]
-    rows = [dataclasses.asdict(r) for ts in sets for k in KS for r in measure(ts, k, codings, repeats)]
+    rows = [
+        dataclasses.asdict(r)
+        for ts in sets
+        for k in KS
+        for r in measure(ts, k, codings, repeats, dec_repeats)
+    ]
     if args.json:
         print(json.dumps(rows, indent=1))
         return int(ExitCode.OK)
     print(
-        f"distro-node bench codec: chunk {args.chunk}, {repeats} repeats (medians), "
+        f"distro-node bench codec: chunk {args.chunk}, {repeats} repeats (medians; decode 1 / 16: "
+        f"{max(repeats, dec_repeats)}), "
         f"{args.threads} torch threads, {time.perf_counter() - t0:.0f} s, "
         f"load average {load_before:.1f} before / {os.getloadavg()[0]:.1f} after on {os.cpu_count()} CPUs"
     )
@@ -100,6 +107,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=None, help="GPT training steps before the snapshot")
     p.add_argument("--size", type=int, default=None, help="side of the square fp32 matrix")
     p.add_argument("--repeats", type=int, default=None, help="timing repeats (median reported)")
+    p.add_argument(
+        "--decode-repeats",
+        type=int,
+        default=None,
+        help="samples of the 1- and 16-packet decodes behind decode_16_over_1 (default 9, >= --repeats)",
+    )
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     p.set_defaults(func=run)
 

@@ -1,7 +1,7 @@
 """Overlap diagnostics: loss curve and per-tensor update statistics of one run (issue 3, Overlap).
 
     .venv/bin/python docs/scripts/overlap_diag.py [--steps 600] [--stop N] [--every 20] [--quick]
-        [--log F] [--delay-only PATTERN] PRESET:LR[:FIELD=VALUE,...]
+        [--log F] [--delay-only PATTERN] [--seed S] PRESET:LR[:FIELD=VALUE,...]
 
 ``--stop N`` runs the first N steps of the ``--steps`` schedule; ``--delay-only`` (diagnostic, not
 overlap) applies the update of the tensors it names (``ortho``, ``other`` or a name substring)
@@ -33,6 +33,7 @@ ap.add_argument("--quick", action="store_true")
 ap.add_argument("--peers", type=int, default=0)
 ap.add_argument("--log", default="/tmp/ov/diag.jsonl")
 ap.add_argument("--delay-only", default="")
+ap.add_argument("--seed", type=int, default=0)  # BenchSetting.seed: model init, data order, identities
 ap.add_argument("spec")
 a = ap.parse_args()
 torch.set_num_threads(1)
@@ -45,6 +46,7 @@ s = BenchSetting(
         "steps": a.steps,
         "peers": a.peers or base.peers,
         "warmup_steps": 30 if a.steps >= 600 else max(5, a.steps // 20),
+        "seed": a.seed,
     }
 )
 data = make_data(s)
@@ -141,6 +143,7 @@ def on_step(step: int, res) -> None:
         }
         line = {
             "spec": a.spec,
+            **({"seed": a.seed} if a.seed else {}),
             "step": step + 1,
             "loss": round(float(np.nanmean(lo)), 4),
             "max_rms": [worst, round(rms[worst], 3)],
@@ -168,6 +171,7 @@ res = run_swarm(
 live = [m for m, ok in zip(res.models, res.alive, strict=True) if ok]
 line = {
     "spec": a.spec,
+    **({"seed": a.seed} if a.seed else {}),
     "steps": a.stop or s.steps,
     "quick": a.quick,
     "val": round(evaluate(live[0], data.val_x, data.val_y), 4),

@@ -108,3 +108,28 @@ async def test_rows_staged_before_start_commit_on_start(tmp_path: Path) -> None:
     assert len(snap.tables["join_tokens"]) == 1
     await committer.close()
     await store.close()
+
+
+class _AwaitedStore(SqliteStore):
+    """SQLite driven through the async ``commit`` only, as a store without ``commit_cb``
+    (PostgreSQL) is."""
+
+    commit_cb = None  # type: ignore[assignment]
+
+
+async def test_a_store_without_commit_cb_is_awaited_in_order(tmp_path: Path) -> None:
+    db = tmp_path / "awaited.db"
+    store = _AwaitedStore(str(db))
+    await store.open()
+    committer = GroupCommitter(store)
+    committer.start()
+    order: list[int] = []
+    for i in range(12):
+        committer.put("join_tokens", _join_token(i))
+        assert committer.when_durable(lambda err, i=i: order.append(i) if err is None else None)
+        if i % 5 == 0:
+            await asyncio.sleep(0)
+    await committer.flush()
+    assert order == list(range(12)) and _on_disk(db) == 12
+    await committer.close()
+    await store.close()

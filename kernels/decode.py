@@ -205,8 +205,9 @@ def _dense_compiled(
     from distronet.kernels.coding_jit_sum import scatter_part
 
     spatial = (layout.grid[0], layout.block[0]) if len(layout.block) == 1 else (layout.batch, *layout.padded)
-    buf = scratch(1, spatial, dt, dev).zero_()
+    buf = scratch(1, spatial, dt, dev)
     flat = buf.view(-1).numpy()
+    flat.fill(0.0)  # as _dense's zero_(), without a tensor operation's dispatch
     base, local = _cpu_tables(layout)
     for members in by_k.values():
         for idx, val in members:

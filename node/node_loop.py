@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import math
@@ -120,8 +121,10 @@ def _line(node: Node) -> StatusLine | None:
 
 
 def _step_and_digest(trainer: Trainer, step: int) -> tuple[StepResult, str]:
+    c0 = time.thread_time()
     res = trainer.step(step)
-    return res, param_digest(trainer.model)
+    digest = param_digest(trainer.model)
+    return dataclasses.replace(res, cpu_s=time.thread_time() - c0), digest
 
 
 async def _one_step(node: Node) -> tuple[StepResult, str] | None:
@@ -148,6 +151,9 @@ async def _one_step(node: Node) -> tuple[StepResult, str] | None:
 def _account(node: Node, res: StepResult, wall: float, up0: int, down0: int, digest: str) -> None:
     s, m, stats = node.status, node.metrics, node.exchange.stats
     s.step, s.loss = res.step, res.loss
+    s.cpu_steps += 1
+    s.cpu_train_s += res.cpu_s
+    s.cpu_optimizer_s += res.optimizer_cpu_s
     if s.first_step < 0:
         s.first_step = res.step
     s.losses.append(res.loss)

@@ -59,6 +59,9 @@ class NodeStatus:
     warmup_heard: int = 0  # warm-up announcements heard from other producers (masked, live)
     completed_units: list[int] = dataclasses.field(default_factory=list)  # shard units we completed
     pending_reports: int = 0  # reports queued for the coordinator (it is unreachable)
+    cpu_steps: int = 0  # steps counted in the two sums below
+    cpu_train_s: float = 0.0  # CPU seconds of the steps' own thread (batch, gradients, optimizer, digest)
+    cpu_optimizer_s: float = 0.0  # of which the optimizer step (encode, decode, apply)
     digests: dict[int, str] = dataclasses.field(default_factory=dict)
     accepted: dict[int, list[str]] = dataclasses.field(default_factory=dict)  # step -> producers
 

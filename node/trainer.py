@@ -69,12 +69,16 @@ class ModelSpec:
 
 @dataclasses.dataclass(frozen=True)
 class StepResult:
-    """One finished step: its index, training loss and wall-clock split in seconds."""
+    """One finished step: its index, training loss, wall-clock split in seconds, and the CPU
+    seconds the step's own thread spent (``cpu_s``: batch, loss, gradients and optimizer;
+    ``optimizer_cpu_s``: the optimizer's part, encode + decode + apply)."""
 
     step: int
     loss: float
     compute_s: float
     exchange_s: float
+    cpu_s: float = 0.0
+    optimizer_cpu_s: float = 0.0
 
 
 def pick_device(name: str) -> torch.device:
@@ -118,7 +122,7 @@ class Trainer:
 
     def step(self, step: int) -> StepResult:
         """Train on the batch of ``step``. Raises what the optimizer raises (e.g. ``PeerDead``)."""
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         x, y = self.batches(step)
         xt = torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
         yt = torch.from_numpy(np.ascontiguousarray(y)).to(self.device)
@@ -126,10 +130,10 @@ class Trainer:
         loss = self.backend.loss(self.model, xt, yt)
         loss.backward()
         value = float(loss.detach())
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.thread_time()
         self.optimizer.step()
-        t2 = time.perf_counter()
-        return StepResult(step, value, t1 - t0, t2 - t1)
+        t2, c2 = time.perf_counter(), time.thread_time()
+        return StepResult(step, value, t1 - t0, t2 - t1, c2 - c0, c2 - c1)
 
     def digest(self) -> str:
         return param_digest(self.model)

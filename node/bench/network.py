@@ -39,6 +39,7 @@ DEFAULT_MODEL: dict[str, Any] = {"arch": "gpt", "seed": 0, "batch": 8, "seq_len"
 QUICK_MODEL: dict[str, Any] = {
     "arch": "gpt", "depth": 2, "width": 32, "heads": 4, "context": 64, "seed": 1, "batch": 8, "seq_len": 64,
 }  # fmt: skip
+CPU_PARTS = ("train", "optimizer", "loop", "other", "p2pd")
 YES_NO: dict[Any, str] = {True: "yes", False: "NO"}
 TARGETS = {"fraction_of_compute_rate": 0.85, "join_to_first_accept_s": 10.0, "max_budget_overshoot": 0.05}
 
@@ -65,13 +66,18 @@ def _measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             warmup=args.warmup, steps=args.steps,
         )  # fmt: skip
         after = compute_only(model, optimizer, n=args.nodes, steps=args.steps, warmup=cw)
-        compute_rate = median([r for r, _ in before + after])
+        compute_rate = median([c.rate for c in before + after])
         out.update(
             compute_steps_per_s=compute_rate,
-            compute_steps_per_s_before_after=[median([r for r, _ in before]), median([r for r, _ in after])],
-            compute_cpu_s_per_step=median([c for _, c in before + after]),
+            compute_steps_per_s_before_after=[
+                median([c.rate for c in before]),
+                median([c.rate for c in after]),
+            ],
+            compute_cpu_s_per_step=median([c.cpu_s_per_step for c in before + after]),
+            compute_optimizer_cpu_s_per_step=median([c.optimizer_cpu_s_per_step for c in before + after]),
             shaped_cpu_s_per_step=median(shaped.cpu_s_per_step),
             shaped_cpu_s_per_step_per_node=shaped.cpu_s_per_step,
+            shaped_cpu_split={k: median([getattr(c, k) for c in shaped.cpu]) for k in CPU_PARTS},
             shaped_steps_per_s=median(shaped.rates),
             shaped_steps_per_s_per_node=shaped.rates,
             resyncs_while_timed=shaped.resyncs,
@@ -124,6 +130,14 @@ def _list(values: list[Any], spec: str) -> str:
     return ", ".join(_fmt(v, spec) for v in values) or "-"
 
 
+def _cpu_split(r: dict[str, Any]) -> str:
+    c = r.get("shaped_cpu_split")
+    if not c:
+        return "-"
+    return (f"{_fmt(c['train'], '.3f')} ({_fmt(c['optimizer'], '.3f')}) / {_fmt(c['loop'], '.3f')} / "
+            f"{_fmt(c['other'], '.3f')} / {_fmt(c['p2pd'], '.3f')}")  # fmt: skip
+
+
 def _table(r: dict[str, Any]) -> str:
     frac, over, join = r["fraction_of_compute_rate"], r["max_budget_overshoot"], r["join_to_first_accept_s"]
     compute, shaped = r.get("compute_steps_per_s"), r.get("shaped_steps_per_s")
@@ -136,6 +150,8 @@ def _table(r: dict[str, Any]) -> str:
          f"{_fmt(frac, '.3f')}  {_verdict('fraction_of_compute_rate', frac)}"),
         ("CPU s per step: compute-only / node + p2pd",
          f"{_fmt(r.get('compute_cpu_s_per_step'), '.3f')} / {_fmt(r.get('shaped_cpu_s_per_step'), '.3f')}"),
+        ("CPU s per step, node: training thread (optimizer) / loop / other / p2pd", _cpu_split(r)),
+        ("CPU s per step, compute-only: optimizer", _fmt(r.get("compute_optimizer_cpu_s_per_step"), ".3f")),
         ("resyncs while timed (per node)", _list(r.get("resyncs_while_timed", []), "d")),
         ("replicas bit-identical at the end", YES_NO.get(r.get("replicas_identical"), "-")),
         ("busiest 10 s window / budget, up", _list(r.get("budget_ratio_up", []), ".3f")),

@@ -27,16 +27,33 @@ from distronet.node.bench.netns_swarm import NetnsSwarm, SwarmFailure, write_sha
 from distronet.node.budget import parse_rate
 from distronet.node.demo import LocalSwarm
 
-__all__ = ["JoinResult", "ShapedResult", "compute_only", "join_to_first_accept", "shaped_swarm"]
+__all__ = [
+    "ComputeResult",
+    "CpuSplit",
+    "JoinResult",
+    "ShapedResult",
+    "compute_only",
+    "join_to_first_accept",
+    "shaped_swarm",
+]
 
 POLL_S = 0.05
 
 
+@dataclasses.dataclass(frozen=True)
+class ComputeResult:
+    """One compute-only process: steps per second, CPU seconds per step (the process), and the
+    optimizer's share of them (encode + decode of its own packet + apply)."""
+
+    rate: float
+    cpu_s_per_step: float
+    optimizer_cpu_s_per_step: float
+
+
 def compute_only(
     model: dict[str, Any], optimizer: dict[str, Any], *, n: int, steps: int, warmup: int
-) -> list[tuple[float, float]]:
-    """Each of ``n`` concurrent compute-only processes' (steps per second, CPU seconds per step),
-    one torch thread each.
+) -> list[ComputeResult]:
+    """Each of ``n`` concurrent compute-only processes' rate and CPU per step, one torch thread each.
 
     Raises SwarmFailure when a process fails or runs past a generous deadline.
     """
@@ -49,14 +66,20 @@ def compute_only(
         )
         for i in range(n)
     ]
-    rates: list[tuple[float, float]] = []
+    out: list[ComputeResult] = []
     try:
         for p in procs:
-            out, err = p.communicate(timeout=600)
+            raw, err = p.communicate(timeout=600)
             if p.returncode != 0:
                 raise SwarmFailure(f"compute-only worker failed: {err.decode(errors='replace')[-500:]}")
-            doc = json.loads(out.decode().strip().splitlines()[-1])
-            rates.append((float(doc["steps_per_s"]), float(doc["cpu_s_per_step"])))
+            doc = json.loads(raw.decode().strip().splitlines()[-1])
+            out.append(
+                ComputeResult(
+                    float(doc["steps_per_s"]),
+                    float(doc["cpu_s_per_step"]),
+                    float(doc["optimizer_cpu_s_per_step"]),
+                )
+            )
     except subprocess.TimeoutExpired:
         raise SwarmFailure("compute-only workers did not finish within 600 s") from None
     finally:
@@ -64,34 +87,86 @@ def compute_only(
             if p.poll() is None:
                 p.kill()
                 p.wait(10)
-    return rates
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuSplit:
+    """CPU seconds per step of one node over the timed steps: the whole node process + its p2pd
+    (``total``), the steps' own thread (``train``: batch, gradients, optimizer, digest) and the
+    optimizer inside it (``optimizer``), the event-loop thread (``loop``), the node's other
+    threads (``other``) and p2pd (``p2pd``). nan where not measured."""
+
+    total: float
+    train: float
+    optimizer: float
+    loop: float
+    other: float
+    p2pd: float
 
 
 @dataclasses.dataclass(frozen=True)
 class ShapedResult:
-    """Per node: steps/s, CPU seconds per step (node + p2pd), resyncs while timed (a resync
-    jumps steps), busiest-window bytes / (budget × window) up and down; whether netem delay was
+    """Per node: steps/s, CPU per step (:class:`CpuSplit`), resyncs while timed (a resync jumps
+    steps), busiest-window bytes / (budget × window) up and down; whether netem delay was
     applied; whether the replicas were identical at the end."""
 
     rates: list[float]
-    cpu_s_per_step: list[float]
+    cpu: list[CpuSplit]
     resyncs: list[int]
     up_ratio: list[float]
     down_ratio: list[float]
     delay_applied: bool
     identical: bool
 
+    @property
+    def cpu_s_per_step(self) -> list[float]:
+        return [c.total for c in self.cpu]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Mark:
+    """One poll's view of a node: when, its step, its CPU counters (see :func:`_cpu_seconds`)
+    and the status file's training-thread sums."""
+
+    t: float
+    step: int
+    loop: float
+    process: float
+    p2pd: float
+    train: float
+    optimizer: float
+
+
+def _mark(swarm: LocalSwarm, i: int, now: float, step: int) -> _Mark:
+    st = swarm.status(i)
+    loop, process, p2pd = _cpu_seconds(swarm.nodes[i].pid)
+    return _Mark(now, step, loop, process, p2pd, float(st.get("cpu_train_s", "nan")),
+                 float(st.get("cpu_optimizer_s", "nan")))  # fmt: skip
+
+
+def _split(a: _Mark, b: _Mark) -> tuple[float, CpuSplit]:
+    """(steps per second, CPU per step) between two marks of one node."""
+    moved = b.step - a.step
+    rate = moved / (b.t - a.t) if b.t > a.t else float("nan")
+    if moved <= 0:
+        nan = float("nan")
+        return rate, CpuSplit(nan, nan, nan, nan, nan, nan)
+    loop, process = (b.loop - a.loop) / moved, (b.process - a.process) / moved
+    p2pd, train = (b.p2pd - a.p2pd) / moved, (b.train - a.train) / moved
+    split = CpuSplit(total=process + p2pd, train=train, optimizer=(b.optimizer - a.optimizer) / moved,
+                     loop=loop, other=process - loop - train, p2pd=p2pd)  # fmt: skip
+    return rate, split
+
 
 def _step_rates(
     swarm: LocalSwarm, n: int, start: int, stop: int, timeout: float
-) -> tuple[list[float], list[float]]:
+) -> tuple[list[float], list[CpuSplit]]:
     """Per node, steps per second between the first poll that saw it at step >= ``start`` and
     the first that saw it at >= ``stop`` (nan when both were the same poll: a resync jump), and
-    CPU seconds per step of the node process and its p2pd over the same steps."""
-    first: list[tuple[float, int] | None] = [None] * n
-    last: list[tuple[float, int] | None] = [None] * n
-    cpu_first: list[float] = [0.0] * n
-    cpu_last: list[float] = [0.0] * n
+    its CPU per step over the same steps."""
+    first: list[_Mark | None] = [None] * n
+    last: list[_Mark | None] = [None] * n
     end = time.monotonic() + timeout
     while any(t is None for t in last):
         now = time.monotonic()
@@ -102,36 +177,40 @@ def _step_rates(
                 raise SwarmFailure(f"node {i} exited with {swarm.nodes[i].returncode}; see {swarm.folder}")
             step = int(swarm.status(i).get("step", -1))
             if first[i] is None and step >= start:
-                first[i], cpu_first[i] = (now, step), _cpu_seconds(swarm.nodes[i].pid)
+                first[i] = _mark(swarm, i, now, step)
             if last[i] is None and step >= stop:
-                last[i], cpu_last[i] = (now, step), _cpu_seconds(swarm.nodes[i].pid)
+                last[i] = _mark(swarm, i, now, step)
         time.sleep(POLL_S)
     rates, cpu = [], []
-    for i, (a, b) in enumerate(zip(first, last, strict=True)):
+    for a, b in zip(first, last, strict=True):
         assert a is not None and b is not None
-        moved = b[1] - a[1]
-        rates.append(moved / (b[0] - a[0]) if b[0] > a[0] else float("nan"))
-        cpu.append((cpu_last[i] - cpu_first[i]) / moved if moved > 0 else float("nan"))
+        rate, split = _split(a, b)
+        rates.append(rate)
+        cpu.append(split)
     return rates, cpu
 
 
-def _cpu_seconds(pid: int) -> float:
-    """CPU seconds (user + system) of process ``pid`` and its children (the node and its p2pd)."""
+def _cpu_seconds(pid: int) -> tuple[float, float, float]:
+    """CPU seconds (user + system) of process ``pid``'s main thread (the node's event loop), of
+    the whole process, and of its children (p2pd); nan when it is gone."""
     import psutil
 
+    nan = float("nan")
     try:
         proc = psutil.Process(pid)
-        procs = [proc, *proc.children(recursive=True)]
+        kids = proc.children(recursive=True)
+        t = proc.cpu_times()
+        main = next((th.user_time + th.system_time for th in proc.threads() if th.id == pid), nan)
     except psutil.Error:
-        return float("nan")
+        return nan, nan, nan
     total = 0.0
-    for p in procs:
+    for p in kids:
         try:
-            t = p.cpu_times()
+            c = p.cpu_times()
         except psutil.Error:
             continue
-        total += t.user + t.system
-    return total
+        total += c.user + c.system
+    return main, t.user + t.system, total
 
 
 def shaped_swarm(
@@ -170,7 +249,7 @@ def shaped_swarm(
         budgets = {"up": parse_rate(up) * 10.0, "down": parse_rate(down) * 10.0}
         return ShapedResult(
             rates=rates,
-            cpu_s_per_step=cpu,
+            cpu=cpu,
             resyncs=resyncs,
             up_ratio=[sampler.peak(i, "up").nbytes / budgets["up"] for i in range(n)],
             down_ratio=[sampler.peak(i, "down").nbytes / budgets["down"] for i in range(n)],

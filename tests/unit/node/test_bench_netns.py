@@ -126,3 +126,21 @@ def test_bench_network_table_and_json_say_what_was_not_measured() -> None:
     table = network._table({**result, "shaped_steps_per_s_per_node": [1.0, float("nan")]})
     assert "not measured" in table and "met" in table and "NOT met" in table and "1.000, -" in table
     assert network._no_nan({"a": [float("nan"), 1.0]}) == {"a": [None, 1.0]}
+
+
+def test_bench_network_cpu_split_per_step_between_two_polls() -> None:
+    from distronet.node.bench.network_run import _Mark, _split
+
+    a = _Mark(t=10.0, step=4, loop=1.0, process=5.0, p2pd=2.0, train=3.0, optimizer=1.5)
+    b = _Mark(t=12.0, step=8, loop=1.2, process=5.8, p2pd=2.2, train=3.5, optimizer=1.8)
+    rate, c = _split(a, b)
+    assert rate == pytest.approx(2.0)
+    assert (c.total, c.train, c.optimizer) == pytest.approx((0.25, 0.125, 0.075))
+    assert (c.loop, c.other, c.p2pd) == pytest.approx((0.05, 0.025, 0.05))  # other = process - loop - train
+    _, jumped = _split(a, _Mark(12.0, 4, 1.2, 5.8, 2.2, 3.5, 1.8))  # no step moved: nothing per step
+    assert jumped.total != jumped.total
+    table = network._table({"fraction_of_compute_rate": None, "max_budget_overshoot": None,
+                            "join_to_first_accept_s": None,
+                            "shaped_cpu_split": {"train": 0.125, "optimizer": 0.075, "loop": 0.05,
+                                                 "other": 0.025, "p2pd": 0.05}})  # fmt: skip
+    assert "0.125 (0.075) / 0.050 / 0.025 / 0.050" in table

@@ -122,7 +122,7 @@ async def ask_digest(host: SwarmHost, peer: PeerID, step: int, timeout: float) -
     ``timeout`` seconds, or answers malformed."""
 
     async def ask() -> bytes | None:
-        reader, writer = await open_stream(host.control_maddr["unix"], peer, DIGEST_PROTOCOL, timeout)
+        reader, writer = await open_stream(host.control_path, peer, DIGEST_PROTOCOL, timeout)
         try:
             writer.write(_REQUEST + struct.pack(">Q", step))
             await writer.drain()

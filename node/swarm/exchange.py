@@ -495,7 +495,7 @@ class AsyncSwarmExchange:
 
     async def _request_manifest(self, peer: PeerID, step: int, timeout: float) -> bytes | None:
         async def ask() -> bytes | None:
-            control = self.swarm.host.control_maddr["unix"]
+            control = self.swarm.host.control_path
             reader, writer = await open_stream(control, peer, MANIFEST_PULL_PROTOCOL, timeout)
             try:
                 writer.write(b"DNM?" + struct.pack(">Q", step))

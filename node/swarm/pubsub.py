@@ -125,7 +125,7 @@ class Gossip:
         self._subs: set[Subscription] = set()
 
     async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        path = self._host.control_maddr["unix"]
+        path = self._host.control_path
         return await with_deadline(asyncio.open_unix_connection(path), self._timeout, "p2pd control connect")
 
     async def _request(

@@ -207,7 +207,7 @@ class Puller:
     async def _fetch(self, peer: PeerID, digest: bytes, max_bytes: int, size: int | None) -> bytes:
         who = peer.to_base58()
         try:
-            control = self.host.control_maddr["unix"]
+            control = self.host.control_path
             reader, writer = await open_stream(control, peer, self.protocol, self.host.config.call_timeout_s)
         except Exception as e:
             raise PullError(f"cannot open a pull stream to {who}: {e}") from e

@@ -249,7 +249,7 @@ async def ask_manifest(swarm: Swarm, donor: PeerID, timeout: float) -> StateMani
     answer within ``timeout`` seconds, or answers with one that does not verify."""
 
     async def ask() -> StateManifest | None:
-        control = swarm.host.control_maddr["unix"]
+        control = swarm.host.control_path
         reader, writer = await open_stream(control, donor, STATE_MANIFEST_PROTOCOL, timeout)
         try:
             writer.write(b"DNS1")

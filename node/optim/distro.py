@@ -22,10 +22,12 @@ stands in for the update U_t still in flight and is replaced (corrected) by the 
 arrives. Ĝ (``overlap_predict``): ``"last"`` the last applied update U_{t−1}, ``"ema"`` a running
 mean of the applied updates (replicated state), ``"own"`` the rule applied to this peer's own
 packet for step t (through the outer-momentum buffer when there is one; the parameters then
-differ between replicas by their guesses, the consensus never does). Consecutive DisTrO updates
-are nearly uncorrelated (top-k extraction drains what was sent), so ``"last"`` predicts U_t
-poorly (cosine ≈ 0.05 on the default GPT) and ``"own"`` best (≈ 0.45; docs/benchmarks.md).
-``flush()`` applies the last round and sets θ = θ̄.
+differ between replicas by their guesses, the consensus never does), ``"eager"`` the rule applied
+to round t − 1's aggregate with this peer's part swapped for its packet of step t
+(``overlap_eager.py``; measured worse than ``"own"``: the other peers' stale parts are noise).
+Consecutive DisTrO updates are nearly uncorrelated (top-k extraction drains what was sent), so
+``"last"`` predicts U_t poorly (cosine ≈ 0.05 on the default GPT) and ``"own"`` best (≈ 0.45;
+docs/benchmarks.md). ``flush()`` applies the last round and sets θ = θ̄.
 
 Replicas sharing a ``DecodeCache`` (the in-process swarm) also share each round's aggregate and
 stateless update directions, computed once per round instead of once per replica.

@@ -26,7 +26,7 @@ __all__ = ["build_parser", "config_from_args", "main"]
 
 ENV_PREFIX = "DISTRO_COORD_"
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-SWITCH_INTERVAL_S = 0.001
+SWITCH_INTERVAL_S = 0.001  # env DISTRO_COORD_SWITCH_INTERVAL_S overrides (for measurements)
 GC_THRESHOLDS = (20_000, 50, 100)
 log = logging.getLogger("distronet.coordinator")
 
@@ -91,7 +91,7 @@ async def serve(cfg: Any, run_files: Sequence[str]) -> int:
     # The SQLite thread takes the GIL back after every statement; by default it may wait up to
     # 5 ms each time for the busy event-loop thread, which stretches group commits (and so every
     # answer's latency). 1 ms bounds that wait at a small cost in thread switches.
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    sys.setswitchinterval(float(os.environ.get(ENV_PREFIX + "SWITCH_INTERVAL_S", SWITCH_INTERVAL_S)))
     # Every request keeps a few hundred objects alive until its commit lands, so with the
     # default gen-0 threshold (700) young collections ran every few requests, walked the
     # in-flight requests each time and promoted them, which in turn set off full collections.

@@ -25,6 +25,7 @@ import contextlib
 import json
 import math
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +45,15 @@ YES_NO: dict[Any, str] = {True: "yes", False: "NO"}
 TARGETS = {"fraction_of_compute_rate": 0.85, "join_to_first_accept_s": 10.0, "max_budget_overshoot": 0.05}
 
 
+def _warm_compiled_decoder() -> None:
+    """Fill numba's on-disk cache of the payload decoder in a throwaway process first: after a
+    change to ``kernels`` each node's ``warm-decoder`` thread would otherwise compile it (~10-40
+    CPU-s) while its steps are being timed. Failures are ignored (the nodes then warm it)."""
+    code = "from distronet.kernels.coding_fast import warm; warm()"
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run([sys.executable, "-c", code], timeout=300, check=False, capture_output=True)
+
+
 def _measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     from distronet.node.bench.netns import LinkShape, missing_requirements
     from distronet.node.bench.network_run import compute_only, join_to_first_accept, median, shaped_swarm
@@ -57,6 +67,7 @@ def _measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"nodes": args.nodes, "up": args.up, "down": args.down, "model": model}
     out.update(optimizer=optimizer, exchange=exchange, link_up=args.link_up, link_down=args.link_down)
     why_not = missing_requirements()
+    _warm_compiled_decoder()
     if why_not is None and not args.skip_shaped:
         cw = min(3, args.warmup)
         before = compute_only(model, optimizer, n=args.nodes, steps=args.steps, warmup=cw)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from distronet.node.coordinator_client import CoordinatorClientError
 from distronet.node.exchange.base import ExchangeError, PeerDead
 from distronet.node.exitcodes import ExitCode
-from distronet.node.node_parts import bootstrap_addrs
+from distronet.node.node_parts import bootstrap_addrs, wait_decoder_warm
 from distronet.node.status import StatusLine
 from distronet.node.swarm.errors import SwarmError
 from distronet.node.swarm.exchange import FellBehind
@@ -279,6 +279,7 @@ async def train(node: Node) -> None:
     watch = _DriftWatch(node)
     started = time.monotonic()
     await node.next_shard()
+    await asyncio.to_thread(wait_decoder_warm, 120.0)
     try:
         while not node.stop_requested.is_set():
             if tc.max_steps and node.step >= tc.max_steps:

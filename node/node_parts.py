@@ -6,6 +6,7 @@
 - :class:`ShardFeed`  batches from the leased shard; knows when a shard is done.
 - :func:`no_dynamo_for_optimizers`  a node never compiles: skip TorchDynamo's lazy import.
 - :func:`warm_decoder`  warm the payload decoder's compiled walk while start-up waits on the network.
+- :func:`wait_decoder_warm`  wait for that before the first step.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ __all__ = [
     "optimizer_config",
     "peer_index",
     "start_swarm",
+    "wait_decoder_warm",
     "warm_decoder",
 ]
 
@@ -162,9 +164,25 @@ def warm_decoder() -> threading.Thread:
     network (the GIL is free then), instead of inside the first step's decode, so a newcomer
     is in step sooner. Returns the thread (tests join it).
     """
+    global _warming
     t = threading.Thread(target=_warm_decoder, name="warm-decoder", daemon=True)
     t.start()
+    _warming = t
     return t
+
+
+_warming: threading.Thread | None = None
+
+
+def wait_decoder_warm(timeout: float) -> bool:
+    """Block until a :func:`warm_decoder` thread of this process has finished (at most
+    ``timeout`` seconds); True when none runs any more. Called before the first step, so that
+    the warm-up's CPU lands before training rather than inside the first steps (where the first
+    decode would wait on numba's compile lock anyway)."""
+    t = _warming
+    if t is not None:
+        t.join(timeout)
+    return t is None or not t.is_alive()
 
 
 def peer_index(peer_id: bytes) -> int:

@@ -52,10 +52,10 @@ def test_optimizers_work_without_importing_dynamo() -> None:
 
 def test_the_decoder_is_warmed_ahead_in_the_background() -> None:
     script = (
-        "import sys\nfrom distronet.node.node_parts import warm_decoder\n"
-        "t = warm_decoder(); t.join(120)\n"
+        "import sys\nfrom distronet.node.node_parts import wait_decoder_warm, warm_decoder\n"
+        "t = warm_decoder(); done = wait_decoder_warm(120)\n"
         "from distronet.kernels import coding_fast\n"
-        "print(not t.is_alive(), coding_fast.use_jit() == coding_fast.HAVE_JIT)"
+        "print(done and not t.is_alive(), coding_fast.use_jit() == coding_fast.HAVE_JIT)"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=150)
     assert out.returncode == 0, out.stderr[-2000:]

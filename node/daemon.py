@@ -30,8 +30,8 @@ import enum
 import logging
 import math
 import time
-from collections.abc import Awaitable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from distronet.node import node_parts as parts
 from distronet.node.backends import pick_backend
@@ -57,6 +57,9 @@ from distronet.node.swarm.statesync import NoNewerState, StateDonor, fetch_state
 from distronet.node.sync import load_state_blob, state_blob
 from distronet.node.trainer import ModelSpec, Trainer
 from distronet.protocol.errors import ConfigError, DistroError
+
+if TYPE_CHECKING:
+    from hivemind.p2p import PeerID
 
 __all__ = ["Node", "NodeError", "NodeState", "NodeStateError"]
 
@@ -335,15 +338,19 @@ class Node:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.stop_requested.wait(), 0.3)
 
-    async def catch_up(self, *, newer_than: int, timeout: float) -> bool:
+    async def catch_up(
+        self, *, newer_than: int, timeout: float, donors: Sequence[PeerID] | None = None
+    ) -> bool:
         """Adopt the newest state the peers agree on if its step is > ``newer_than``; True if adopted.
 
-        Momentum restarts at zero (ARCHITECTURE.md §5). Raises nothing for a swarm that has no
-        newer state; ``ExchangeError``-free: the exchange is reused as it is.
+        ``donors``: fetch only from these peers (the drift check's winning group); default: every
+        peer on the run's topic. Momentum restarts at zero (ARCHITECTURE.md §5). Raises nothing
+        for a swarm that has no newer state; ``ExchangeError``-free: the exchange is reused as it is.
         """
         assert self.swarm is not None
         self.catch_up_failed = False
-        donors = list(set(await self.swarm.gossip.topic_peers(self.swarm.topic)))
+        if donors is None:
+            donors = list(set(await self.swarm.gossip.topic_peers(self.swarm.topic)))
         if not donors:
             return False
         try:

@@ -25,6 +25,8 @@ from distronet.node.trainer import StepResult, Trainer, param_digest
 from distronet.protocol.identity import peer_id_to_b58
 
 if TYPE_CHECKING:
+    from hivemind.p2p import PeerID
+
     from distronet.node.daemon import Node
 
 __all__ = ["discover", "heartbeats", "train", "wait_for_peers"]
@@ -189,34 +191,42 @@ def _account(node: Node, res: StepResult, wall: float, up0: int, down0: int, dig
     m.info.labels(s.peer_id, s.run_id, digest).set(1)
 
 
-async def drift_check(node: Node) -> bool:
+async def drift_check(node: Node) -> list[PeerID] | None:
     """Compare our parameter digest after step ``node.step - 1`` with the peers' digests of that
     step (``swarm.digests``: one small request per peer; a peer one step behind answers when it
-    gets there). True when every peer that answered holds another digest: our state drifted and
-    the caller should adopt the swarm's. Never raises for silent or unreachable peers."""
-    from distronet.node.swarm.digests import ask_digest
+    gets there). Returns the peers whose state we should adopt (``digests.state_to_adopt``: the
+    largest group of equal digests, ties to the smallest digest, wins; its members keep their
+    state), or None to keep ours. Never raises for silent or unreachable peers."""
+    from distronet.node.swarm.digests import ask_digest, state_to_adopt
 
     assert node.swarm is not None and node.board is not None
     done = node.step - 1
     mine = node.board.get(done)
     peers = list(set(await node.swarm.gossip.topic_peers(node.swarm.topic)))
     if mine is None or not peers:
-        return False
+        return None
     theirs = await asyncio.gather(*(ask_digest(node.swarm.host, p, done, 5.0) for p in peers))
     known = [d for d in theirs if d is not None]
     log.info("drift check after step %d: %d of %d peers answered, %d equal", done, len(known), len(peers),
              known.count(mine))  # fmt: skip
     if not known:
         node.metrics.drift.labels("skipped").inc()
-        return False
-    if mine in known:
-        node.status.drift_equal += 1
-        node.metrics.drift.labels("equal").inc()
-        return False
+        return None
+    donors = state_to_adopt(mine, dict(zip(peers, theirs, strict=True)))
+    if donors is None:
+        if mine in known:
+            node.status.drift_equal += 1
+            node.metrics.drift.labels("equal").inc()
+        else:
+            node.metrics.drift.labels("kept").inc()
+            log.warning("step %d: our parameters differ from all %d peers that answered; ours rank "
+                        "first (smallest digest), so we keep them", done, len(known))  # fmt: skip
+        return None
     node.status.drift_differs += 1
     node.metrics.drift.labels("differs").inc()
-    log.warning("step %d: our parameters differ from all %d peers that answered; resyncing", done, len(known))
-    return True
+    log.warning("step %d: our parameters differ from the %d of %d answering peers that rank first; "
+                "adopting their state", done, len(donors), len(known))  # fmt: skip
+    return donors
 
 
 class _DriftWatch:
@@ -226,7 +236,7 @@ class _DriftWatch:
 
     def __init__(self, node: Node) -> None:
         self.node = node
-        self.task: asyncio.Task[bool] | None = None
+        self.task: asyncio.Task[list[PeerID] | None] | None = None
         self.resyncs = 0  # node.status.resyncs when the running check started
 
     def start(self) -> None:
@@ -234,17 +244,17 @@ class _DriftWatch:
             self.resyncs = self.node.status.resyncs
             self.task = asyncio.ensure_future(self._check())
 
-    async def _check(self) -> bool:
+    async def _check(self) -> list[PeerID] | None:
         return await asyncio.wait_for(drift_check(self.node), 15.0)
 
-    def drifted(self) -> bool:
-        """True once, when the finished check found drift that still applies."""
+    def drifted(self) -> list[PeerID] | None:
+        """Once, when the finished check found drift that still applies: the peers to adopt from."""
         if self.task is None or not self.task.done():
-            return False
+            return None
         task, self.task = self.task, None
         if task.cancelled() or task.exception() is not None:
-            return False
-        return task.result() and self.node.status.resyncs == self.resyncs
+            return None
+        return task.result() if self.node.status.resyncs == self.resyncs else None
 
     def cancel(self) -> None:
         if self.task is not None:
@@ -307,9 +317,10 @@ async def train(node: Node) -> None:
             # A newcomer's first packets race rounds the others may have decided already; the
             # exchange can then hand it another accepted set. Checking right after a catch-up
             # (and every drift_every steps) finds that and adopts the swarm's state again.
-            if watch.drifted() and not node.stop_requested.is_set():
+            donors = watch.drifted()
+            if donors and not node.stop_requested.is_set():
                 with contextlib.suppress(Exception):
-                    await node.catch_up(newer_than=node.step - 1, timeout=15.0)
+                    await node.catch_up(newer_than=node.step - 1, timeout=30.0, donors=donors)
             if node.step <= node.verify_until or (tc.drift_every and node.step % tc.drift_every == 0):
                 watch.start()
             node.status_file.write(node.status)

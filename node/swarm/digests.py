@@ -23,7 +23,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
-from collections import OrderedDict
+from collections import Counter, OrderedDict
+from collections.abc import Hashable, Mapping
+from typing import TypeVar
 
 from hivemind.p2p import PeerID
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
@@ -31,11 +33,12 @@ from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 from distronet.node.swarm.control import open_stream
 from distronet.node.swarm.p2p import SwarmHost, with_deadline
 
-__all__ = ["DIGEST_PROTOCOL", "DigestBoard", "ask_digest"]
+__all__ = ["DIGEST_PROTOCOL", "DigestBoard", "ask_digest", "state_to_adopt"]
 
 DIGEST_PROTOCOL = "/distronet/digest/1"
 _REQUEST = b"DND?"
 _FOUND, _UNKNOWN = 0, 1
+K = TypeVar("K", bound=Hashable)
 
 
 class DigestBoard:
@@ -135,3 +138,25 @@ async def ask_digest(host: SwarmHost, peer: PeerID, step: int, timeout: float) -
         return await asyncio.wait_for(ask(), timeout)
     except Exception:  # dead, unreachable, no handler or malformed: no digest from this one
         return None
+
+
+def state_to_adopt(mine: bytes, theirs: Mapping[K, bytes | None]) -> list[K] | None:
+    """The drift check's verdict: the peers whose state this node should adopt, or None to keep its own.
+
+    ``mine`` is our digest of one step, ``theirs`` each asked peer's digest of that step (None:
+    no answer). The digests that answered, ours included, are grouped; the group ranked first is
+    the largest, ties broken by the smallest digest. Every node that heard the same answers
+    computes the same winner, so a swarm whose replicas drifted apart converges on one state
+    instead of each replica adopting another's: a node in the winning group keeps its state
+    (returns None), every other node gets the winning group's peers (in ``theirs``' order), from which
+    alone it should fetch the state. None when no peer answered. Cost: O(peers).
+    """
+    known = {k: d for k, d in theirs.items() if d is not None}
+    if not known:
+        return None
+    counts = Counter(known.values())
+    counts[mine] += 1
+    winner = min(counts, key=lambda d: (-counts[d], d))
+    if winner == mine:
+        return None
+    return [k for k, d in known.items() if d == winner]

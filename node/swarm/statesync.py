@@ -6,8 +6,9 @@ hashed and signed only when a peer asks for it, at most once per step; a node st
 times a second, peers ask rarely), served over their own pull protocol, and answers manifest
 requests on ``STATE_MANIFEST_PROTOCOL`` with a signed :class:`StateManifest` (step, size,
 sha256 of the whole blob and of each chunk). A newcomer :func:`fetch_state`\\ s: it asks every
-candidate donor for its manifest, picks the newest step and the root hash most donors agree on,
-then pulls the chunks spread over those donors (at most ``per_donor`` chunks in flight at each,
+candidate donor for its manifest, picks the newest step and the root hash most donors agree on
+(ties: the smallest hash, so every fetching node picks the same state), then pulls the chunks
+spread over those donors (at most ``per_donor`` chunks in flight at each,
 so no donor is overloaded), retrying a failed chunk at another donor. Every chunk is hash-checked
 and, with a ``cache_dir``, written there as soon as it verifies, so a restarted fetch resumes.
 
@@ -300,7 +301,8 @@ async def fetch_state(
         raise NoNewerState(
             f"the newest state {len(offers)} donor(s) offer is at step {newest} <= {newer_than}"
         )
-    root = Counter(m.root for m in offers if m.step == newest).most_common(1)[0][0]
+    votes = Counter(m.root for m in offers if m.step == newest)
+    root = min(votes, key=lambda r: (-votes[r], r[1]))  # ties: smallest sha, the same on every node
     manifest = next(m for m in offers if m.root == root)
     sources = [PeerID(m.peer_id) for m in offers if m.root == root and m.chunks == manifest.chunks]
     cache = Path(cache_dir) if cache_dir is not None else None

@@ -270,6 +270,7 @@ class Node:
         from distronet.node import node_loop
 
         self._tasks.append(asyncio.create_task(node_loop.heartbeats(self), name="heartbeats"))
+        self._tasks.append(asyncio.create_task(node_loop.watch_links(self), name="gossip links"))
         try:
             await node_loop.wait_for_peers(self)
             log.info("%d peer(s) in the mesh", self.status.peers)

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
     from distronet.node.daemon import Node
 
-__all__ = ["discover", "heartbeats", "train", "wait_for_peers"]
+__all__ = ["discover", "heartbeats", "train", "wait_for_peers", "watch_links"]
 
 log = logging.getLogger(__name__)
 MAX_LOSSES = 256  # the first loss and the most recent ones stay in the status (written every step)
@@ -81,6 +81,25 @@ async def heartbeats(node: Node) -> None:
             if node.status.peers + 1 < node.cfg.train.min_peers or node.status.peers == 0:
                 await discover(node)
         await asyncio.sleep(period)
+
+
+async def watch_links(node: Node, period: float = 3.0) -> None:
+    """Every ``period`` seconds: re-dial members that are missing from our gossip topics
+    (``swarm.links``: a connection whose pubsub hello was lost, seen as a one-way partition in
+    shaped runs). Runs until cancelled; a check that fails or runs late is skipped."""
+    from distronet.node.swarm.exchange import manifest_topic
+    from distronet.node.swarm.links import LinkWatch, repair_links
+
+    if node.swarm is None:
+        return
+    watch = LinkWatch()
+    topics = [node.swarm.topic, manifest_topic(node.cfg.run_id)]
+    while True:
+        await asyncio.sleep(period)
+        if not node.swarm.host.alive:
+            return
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(repair_links(node.swarm, watch, topics), 30.0)
 
 
 async def wait_for_peers(node: Node) -> None:

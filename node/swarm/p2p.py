@@ -191,6 +191,15 @@ class SwarmHost:
         except Exception as e:
             raise DaemonError(f"cannot connect to {maddr}: {e}") from e
 
+    async def disconnect(self, peer: PeerID) -> None:
+        """Close our connections to ``peer``. Raises DaemonError when p2pd fails or runs late."""
+        try:
+            await with_deadline(self.p2p._client.disconnect(peer), self.config.call_timeout_s, "disconnect")
+        except DaemonError:
+            raise
+        except Exception as e:
+            raise DaemonError(f"cannot disconnect {peer.to_base58()}: {e}") from e
+
     async def connected_peers(self) -> list[PeerID]:
         infos = await with_deadline(self.p2p.list_peers(), self.config.call_timeout_s, "list peers")
         return [info.peer_id for info in infos]

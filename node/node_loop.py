@@ -21,7 +21,7 @@ from distronet.node.node_parts import bootstrap_addrs, wait_decoder_warm
 from distronet.node.status import StatusLine
 from distronet.node.swarm.errors import SwarmError
 from distronet.node.swarm.exchange import FellBehind
-from distronet.node.trainer import StepResult, Trainer, param_digest
+from distronet.node.trainer import StepResult, Trainer
 from distronet.protocol.identity import peer_id_to_b58
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
     from distronet.node.daemon import Node
 
-__all__ = ["discover", "heartbeats", "train", "wait_for_peers", "watch_links"]
+__all__ = ["discover", "heartbeats", "round_due", "train", "wait_for_peers", "watch_links"]
 
 log = logging.getLogger(__name__)
 MAX_LOSSES = 256  # the first loss and the most recent ones stay in the status (written every step)
@@ -141,10 +141,20 @@ def _line(node: Node) -> StatusLine | None:
     return StatusLine(live=None if mode == "auto" else False, prefix=f"[{node.identity.peer_id_b58[-6:]}] ")
 
 
+def round_due(optimizer: object, step: int) -> int | None:
+    """The round that step ``step`` applies: ``step`` itself, or ``step - 1`` once overlapped
+    (``optimizer.overlapped``), and none at the first overlapped step (its round is applied one
+    step later and the one before it was applied in its own step)."""
+    overlapped = getattr(optimizer, "overlapped", None)
+    if not callable(overlapped) or not overlapped(step):
+        return step
+    return step - 1 if overlapped(step - 1) else None
+
+
 def _step_and_digest(trainer: Trainer, step: int) -> tuple[StepResult, str]:
     c0 = time.thread_time()
     res = trainer.step(step)
-    digest = param_digest(trainer.model)
+    digest = trainer.digest()  # what replicas hold bit-identical (the consensus in overlap mode)
     return dataclasses.replace(res, cpu_s=time.thread_time() - c0), digest
 
 
@@ -182,8 +192,8 @@ def _account(node: Node, res: StepResult, wall: float, up0: int, down0: int, dig
     s.bytes_up, s.bytes_down = stats.bytes_up, stats.bytes_down
     s.up_bps, s.down_bps = (stats.bytes_up - up0) / wall, (stats.bytes_down - down0) / wall
     report = node.optimizer.reports[-1] if node.optimizer.reports else None
-    due = res.step - 1 if node.optimizer.cfg.overlap else res.step  # overlap applies round t-1 in step t
-    if report is not None and report.step == due:
+    due = round_due(node.optimizer, res.step)
+    if report is not None and due is not None and report.step == due:
         s.rounds += 1
         s.own_accepted += int(report.own_accepted)
         m.packets.labels("accepted", "").inc(len(report.accepted))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -23,7 +23,15 @@ from distronet.node.backends import ComputeBackend, TorchBackend, pick_backend
 from distronet.node.models.gpt import GPT, GPTConfig
 from distronet.protocol.errors import ConfigError
 
-__all__ = ["ModelSpec", "StepResult", "Trainer", "param_digest", "pick_device"]
+__all__ = [
+    "ModelSpec",
+    "StepResult",
+    "Trainer",
+    "param_digest",
+    "pick_device",
+    "replica_digest",
+    "tensors_digest",
+]
 
 BatchSource = Callable[[int], tuple[np.ndarray, np.ndarray]]
 """``batches(step) -> (x, y)``, each ``(batch, seq_len)`` int64."""
@@ -94,10 +102,26 @@ def param_digest(model: nn.Module) -> str:
 
     Cost: one sha256 pass over the parameters (~3 ms for the default model's 3.5 MB); a
     contiguous CPU parameter is hashed in place, without a copy."""
+    return tensors_digest(p for _, p in model.named_parameters())
+
+
+def tensors_digest(tensors: Iterable[torch.Tensor]) -> str:
+    """SHA-256 over the tensors' bytes, in order (each hashed in place when contiguous on CPU)."""
     h = hashlib.sha256()
-    for _, p in model.named_parameters():
-        h.update(p.detach().cpu().contiguous().numpy().data)
+    for t in tensors:
+        h.update(t.detach().cpu().contiguous().numpy().data)
     return h.hexdigest()
+
+
+def replica_digest(model: nn.Module, optimizer: object) -> str:
+    """The digest replicas compare: of ``optimizer.replicated_params()`` where the optimizer has
+    it (a ``DistroOptimizer``: the consensus copy in overlap mode, whose parameters may carry
+    this peer's own guess; the parameters otherwise, giving :func:`param_digest`'s value), else
+    of the model's parameters."""
+    replicated = getattr(optimizer, "replicated_params", None)
+    if callable(replicated):
+        return tensors_digest(replicated())
+    return param_digest(model)
 
 
 class Trainer:
@@ -136,4 +160,5 @@ class Trainer:
         return StepResult(step, value, t1 - t0, t2 - t1, c2 - c0, c2 - c1)
 
     def digest(self) -> str:
-        return param_digest(self.model)
+        """:func:`replica_digest` of this trainer's model and optimizer."""
+        return replica_digest(self.model, self.optimizer)

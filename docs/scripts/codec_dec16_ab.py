@@ -1,9 +1,10 @@
 """Decode 16 packets vs 1 on the bench's full path, side by side in one process (issue 2).
 
 Variants, alternated within every repeat on the same frames (16 peers' GPT packets, as
-``bench codec`` builds them): ``crypto`` = the tree as it is (Ed25519 verify by pyca/cryptography,
-which holds the GIL); ``nacl`` = the same with ``protocol.packet._verify`` swapped for libsodium's
-(PyNaCl ``crypto_sign_open``, which releases the GIL), to measure what that swap would buy.
+``bench codec`` builds them): ``nacl`` = the tree as it is (``protocol.packet._verify`` by
+libsodium, PyNaCl ``crypto_sign_open``, which releases the GIL; since 691d26c); ``crypto`` = the
+same with ``_verify`` swapped for pyca/cryptography's Ed25519 verify (which holds the GIL), the
+tree's verify before 691d26c, to measure what the swap bought.
 Prints, per coding, each variant's median dec1 / dec16 (ms) and dec16/dec1.
 
     THREADS=2 KS=32 REPS=15 CODINGS=fp32/entropy,sign1/entropy .venv/bin/python docs/scripts/codec_dec16_ab.py
@@ -13,7 +14,6 @@ Times are wall clock (``time.perf_counter``) at THREADS > 1, thread CPU time at 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import statistics
 import time
@@ -27,22 +27,21 @@ from distronet.kernels.coding import IndexCoding, ValueCoding  # noqa: E402
 from distronet.kernels.coding_fast import warm  # noqa: E402
 from distronet.node.bench.codec_run import _Ours  # noqa: E402
 from distronet.node.bench.codec_tensors import gpt_momentum  # noqa: E402
-from distronet.protocol.identity import Identity  # noqa: E402
+from distronet.protocol.identity import Identity, public_key_from_peer_id  # noqa: E402
 from distronet.protocol.packet import is_ed25519_peer_id  # noqa: E402
 
-CRYPTO = packet._verify
+NACL = packet._verify
 
 
-def nacl_verify(peer_id: bytes, data: bytes, signature: bytes) -> bool:
-    """``packet._verify`` by libsodium: same inputs, False on any failure."""
-    from nacl.bindings import crypto_sign_open
-    from nacl.exceptions import BadSignatureError
+def crypto_verify(peer_id: bytes, data: bytes, signature: bytes) -> bool:
+    """``packet._verify`` by pyca/cryptography: same inputs, False on any failure."""
+    from cryptography.exceptions import InvalidSignature
 
     if len(signature) != 64 or not is_ed25519_peer_id(peer_id):
         return False
     try:
-        crypto_sign_open(signature + data, peer_id[-32:])
-    except (BadSignatureError, ValueError, TypeError):
+        public_key_from_peer_id(peer_id).verify(signature, data)
+    except (InvalidSignature, ValueError):
         return False
     return True
 
@@ -53,9 +52,6 @@ def main() -> None:
     reps = int(os.environ.get("REPS", "15"))
     codings = [c.split("/") for c in os.environ.get("CODINGS", "fp32/entropy,sign1/entropy").split(",")]
     variants = os.environ.get("VARIANTS", "crypto,nacl").split(",")
-    if importlib.util.find_spec("nacl") is None and "nacl" in variants:
-        variants.remove("nacl")
-        print("PyNaCl is not installed: the nacl variant is skipped (pip install pynacl)")
     clk = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
     print(f"threads {torch.get_num_threads()}, {reps} repeats, clock {clk.__name__}")
     for k in [int(x) for x in os.environ.get("KS", "32").split(",")]:
@@ -66,17 +62,17 @@ def main() -> None:
             frames = [ours.encode(c)] + [ours.encode(c, p, ident) for ident, p in peers]
             t: dict[str, list[float]] = {}
             for v in variants:  # warm each variant once
-                packet._verify = nacl_verify if v == "nacl" else CRYPTO
+                packet._verify = NACL if v == "nacl" else crypto_verify
                 ours.decode(frames)
                 ours.decode(frames[:1])
             for _ in range(reps):
                 for v in variants:
-                    packet._verify = nacl_verify if v == "nacl" else CRYPTO
+                    packet._verify = NACL if v == "nacl" else crypto_verify
                     for n, fr in (("1", frames[:1]), ("16", frames)):
                         t0 = clk()
                         ours.decode(fr)
                         t.setdefault(v + n, []).append((clk() - t0) * 1e3)
-            packet._verify = CRYPTO
+            packet._verify = NACL
             row = []
             for v in variants:
                 m1, m16 = statistics.median(t[v + "1"]), statistics.median(t[v + "16"])

@@ -39,6 +39,7 @@ from distronet.node.exchange.memory import MemoryHub
 from distronet.node.optim.config import DistroConfig
 from distronet.node.optim.distro import DistroOptimizer
 from distronet.node.optim.packets import DecodeCache
+from distronet.node.trainer import param_digest  # re-exported: the digest tests and the bench compare
 from distronet.protocol.errors import ConfigError
 from distronet.protocol.identity import Identity
 
@@ -75,14 +76,6 @@ class SwarmResult:
         """Mean training loss over the peers alive at ``step``."""
         vals = [row[step] for row in self.losses if not math.isnan(row[step])]
         return sum(vals) / len(vals) if vals else math.nan
-
-
-def param_digest(model: nn.Module) -> str:
-    """SHA-256 over every parameter's bytes, in order: equal digests mean bit-identical replicas."""
-    h = hashlib.sha256()
-    for _, p in model.named_parameters():
-        h.update(p.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 def _default_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

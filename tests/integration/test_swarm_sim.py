@@ -10,7 +10,8 @@ from torch import nn
 
 from distronet.node.exchange.faulty import FaultPlan
 from distronet.node.optim.config import preset
-from distronet.node.swarm_sim import SwarmFaults, param_digest, run_swarm
+from distronet.node.swarm_sim import SwarmFaults, SwarmResult, param_digest, run_swarm
+from distronet.node.trainer import replica_digest
 from distronet.protocol.errors import ConfigError
 
 torch.manual_seed(0)
@@ -111,3 +112,24 @@ def test_600_steps_bit_identical_under_shuffled_duplicated_delayed_delivery() ->
     assert sum(opt.exchange.stats.repulled for opt in res.optimizers) > 10
     assert sum(len(r.accepted) < 4 for r in res.optimizers[0].reports) > 10
     assert _tail(res, 600) < 0.7 * res.mean_loss(0)
+
+
+def test_own_guess_replicas_agree_on_the_replica_digest_not_on_parameters() -> None:
+    cfg = preset("ours_k32", lr=3e-3, warmup_steps=0, overlap=True, overlap_predict="own", overlap_scale=0.7)
+    seen: list[tuple[int, int]] = []  # per step: distinct replica digests, distinct parameter digests
+
+    def look(step: int, res: SwarmResult) -> None:
+        pairs = list(zip(res.models, res.optimizers, strict=True))
+        seen.append((len({replica_digest(m, o) for m, o in pairs}), len({param_digest(m) for m, _ in pairs})))
+
+    run_swarm(_factory, _batches, cfg, 3, 6, loss_fn=_mse, share_rounds=False, on_step=look)
+    assert all(r == 1 for r, _ in seen)  # the consensus is bit-identical after every step
+    assert any(p == 3 for _, p in seen)  # while each replica's parameters carry its own guess
+
+
+def test_without_overlap_the_replica_digest_is_the_parameter_digest() -> None:
+    cfg = preset("ours_k32", lr=3e-3, warmup_steps=0)
+    res = run_swarm(_factory, _batches, cfg, 2, 3, loss_fn=_mse)
+    for m, o in zip(res.models, res.optimizers, strict=True):
+        assert replica_digest(m, o) == param_digest(m)
+    assert replica_digest(res.models[0], object()) == param_digest(res.models[0])  # a plain optimizer

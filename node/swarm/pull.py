@@ -270,22 +270,26 @@ class Puller:
         """Pull ``digest`` from the first of ``sources`` that delivers, all within ``timeout`` seconds.
 
         Sources are tried in order (producer first, then peers that already have it); a source that
-        fails or sends bad bytes is skipped. Raises PullTimeout when the deadline passes, PullError
-        (with each source's failure in ``causes``) when every source failed.
+        fails, sends bad bytes or overruns its share of the time left (the time left divided by the
+        sources not yet tried, so a stalled or SIGSTOPped producer cannot use up the whole deadline
+        before the others are asked) is skipped. Raises PullTimeout when the deadline passes,
+        PullError (with each source's failure in ``causes``) when every source failed.
         """
         have = self.store.get(digest)
         if have is not None:
             return have
         deadline = time.monotonic() + timeout
         causes: dict[str, BaseException] = {}
-        for peer in sources:
-            if peer == self.host.peer_id:
-                continue
+        others = [peer for peer in sources if peer != self.host.peer_id]
+        for i, peer in enumerate(others):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
+            share = left / (len(others) - i)
             try:
-                return await self.fetch(peer, digest, max_bytes=max_bytes, timeout=left, size=size, step=step)
+                return await self.fetch(
+                    peer, digest, max_bytes=max_bytes, timeout=share, size=size, step=step
+                )
             except (PullError, Rejected) as e:
                 causes[peer.to_base58()] = e
         what = f"pull of {digest.hex()[:16]} from {len(sources)} source(s)"

@@ -3,7 +3,8 @@
 Used by the tests and by ``distro-node bench converge``. The public entry point::
 
     run_swarm(model_factory, batches_for, cfg, n_peers, steps, faults=None, *,
-              loss_fn=None, seed=0, on_step=None, share_rounds=True) -> SwarmResult
+              loss_fn=None, seed=0, on_step=None, share_rounds=True,
+              keep_global_batch=False) -> SwarmResult
 
 * ``model_factory()`` builds a fresh model; it must give the same initial weights every call
   (e.g. ``lambda: GPT(GPTConfig(), seed=0)``).
@@ -12,6 +13,13 @@ Used by the tests and by ``distro-node bench converge``. The public entry point:
 * ``faults``: ``SwarmFaults(plan=FaultPlan(...), deaths={peer: step})`` — seeded network faults
   through ``FaultyLinks``, and peers that die (leave the run) at a given step.
 * ``on_step(step, result)`` is called after every step (e.g. to evaluate mid-run).
+* ``keep_global_batch=True``: a dead peer's data is not lost. From the step after a peer dies,
+  the survivors take over its stream (``batches_for(dead, step)``, as the coordinator reissues
+  a dead node's shards): its windows are dealt round-robin to the live peers
+  (``batch_share.takeover``), each survivor trains on its own batch plus its dealt windows as
+  one batch, its mean loss weighted by ``batch_share.loss_weight`` so the step still averages the
+  run's global batch of ``n_peers × B`` windows. ``SwarmResult.windows[peer][step]`` records
+  how many windows each peer trained on. Without deaths the run is unchanged (bit-identical).
 
 Replicas share one ``DecodeCache`` (each frame decoded, and each round's aggregate computed,
 once per process, not once per replica: both are pure functions of the bytes; ``share_decode=False``
@@ -33,6 +41,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
+from distronet.node.batch_share import loss_weight, takeover
 from distronet.node.exchange.base import PeerDead
 from distronet.node.exchange.faulty import FaultPlan, FaultyExchange, FaultyLinks
 from distronet.node.exchange.memory import MemoryHub
@@ -67,6 +76,7 @@ class SwarmResult:
     losses: list[list[float]]  # per peer per step; nan once dead
     upload_bytes: list[list[int]]  # per peer per step, sealed packet bytes; 0 once dead
     seconds: float
+    windows: list[list[int]] = dataclasses.field(default_factory=list)  # per peer per step; 0 once dead
 
     def params(self, peer: int) -> dict[str, torch.Tensor]:
         """Final parameters of ``peer`` (detached)."""
@@ -95,12 +105,14 @@ def run_swarm(
     seed: int = 0,
     on_step: Callable[[int, SwarmResult], None] | None = None,
     share_rounds: bool = True,
+    keep_global_batch: bool = False,
 ) -> SwarmResult:
     """Train ``n_peers`` replicas for ``steps`` steps over an in-memory exchange (module docstring).
 
     ``share_rounds=False`` makes every replica aggregate each round and compute its update on its
     own, as separate processes do (frames are still decoded once): slower, and the strict test of
-    bit-identical replicas.
+    bit-identical replicas. ``keep_global_batch`` (module docstring) keeps the global batch
+    constant after deaths; every peer's ``batches_for`` must then give the same number of windows.
 
     Raises ``ConfigError`` for ``n_peers < 1``, ``steps < 0`` or a death of an unknown peer.
     """
@@ -123,23 +135,28 @@ def run_swarm(
         res.peer_ids.append(ident.peer_id)
         res.losses.append([])
         res.upload_bytes.append([])
+        res.windows.append([])
     for step in range(steps):
+        batch_of = _step_batches(batches_for, step, res.alive, keep_global_batch)
         for i, (model, opt) in enumerate(zip(res.models, res.optimizers, strict=True)):
             if not res.alive[i]:
                 res.losses[i].append(math.nan)
                 res.upload_bytes[i].append(0)
+                res.windows[i].append(0)
                 continue
             opt.zero_grad(set_to_none=True)
-            x, y = batches_for(i, step)
+            x, y, weight = batch_of(i)
             loss = loss_fn(model, x, y)
-            loss.backward()
+            (loss * weight if weight != 1.0 else loss).backward()
             try:
                 opt.begin_step()
             except PeerDead:
                 res.alive[i] = False
                 res.losses[i].append(math.nan)
                 res.upload_bytes[i].append(0)
+                res.windows[i].append(0)
                 continue
+            res.windows[i].append(int(x.shape[0]))
             res.losses[i].append(float(loss.detach()))
             res.upload_bytes[i].append(opt.exchange.stats.bytes_up_by_step.get(step, 0))
         for i, opt in enumerate(res.optimizers):
@@ -152,3 +169,32 @@ def run_swarm(
             opt.flush()
     res.seconds = time.perf_counter() - t0
     return res
+
+
+def _step_batches(
+    batches_for: Callable[[int, int], Batch], step: int, alive: list[bool], keep_global_batch: bool
+) -> Callable[[int], tuple[torch.Tensor, torch.Tensor, float]]:
+    """``peer -> (x, y, loss weight)`` for ``step``: the peer's own batch, plus (with
+    ``keep_global_batch`` and dead peers) the dead peers' windows dealt to it by ``takeover``."""
+    dead = [i for i, ok in enumerate(alive) if not ok]
+    if not keep_global_batch or not dead:
+        return lambda i: (*batches_for(i, step), 1.0)
+    live = [i for i, ok in enumerate(alive) if ok]
+    orphan_batches = {d: batches_for(d, step) for d in dead}
+    batch = int(next(iter(orphan_batches.values()))[0].shape[0])
+    dealt = takeover(batch, live, dead, step)
+
+    def batch_of(i: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+        x, y = batches_for(i, step)
+        if int(x.shape[0]) != batch:
+            raise ConfigError(
+                f"keep_global_batch needs equal batches; peer {i} has {x.shape[0]}, not {batch}"
+            )
+        xs, ys = [x], [y]
+        for d, w in dealt[i]:
+            xs.append(orphan_batches[d][0][w : w + 1])
+            ys.append(orphan_batches[d][1][w : w + 1])
+        n = batch + len(dealt[i])
+        return torch.cat(xs), torch.cat(ys), loss_weight(n, batch * len(alive), len(live))
+
+    return batch_of

@@ -5,9 +5,11 @@
 SPEC = ROW:LR[:FIELD=VALUE,...][@VARIANT]
   ROW      a bench row (adamw, demo-ref, ours-k32, ours-k4-1bit) or a DistroConfig preset name
   FIELD    DistroConfig fields changed on top of the preset (VALUE parsed as JSON, else string)
-  VARIANT  die=STEP (peer 1 of 4 dies at STEP) | overlap | curve (the clean run through
-           ``run_swarm``, same computation as ``run_row``, also logging the peers' mean train
-           loss over each 50 steps as "curve")
+  VARIANT  comma-separated: die=STEP (peer 1 of 4 dies at STEP) | rebalance (with die=: the
+           survivors take over the dead peer's data, ``run_swarm(keep_global_batch=True)``) |
+           peers=N (N peers instead of 4, e.g. the 3-peer floor; peers read orders 0..N-1) |
+           overlap | curve (the clean run through ``run_swarm``, same computation as
+           ``run_row``, also logging the peers' mean train loss over each 50 steps as "curve")
 
 A plain SPEC runs ``converge_train.run_row`` under ``BenchSetting(steps=...)`` (the exact
 computation of ``distro-node bench converge``), so a result equals the bench row's. Each run
@@ -47,9 +49,7 @@ ap.add_argument("--seed", type=int, default=0)  # BenchSetting.seed: model init,
 ap.add_argument("specs", nargs="+")
 a = ap.parse_args()
 torch.set_num_threads(1)
-s = BenchSetting(
-    steps=a.steps, warmup_steps=30 if a.steps >= 600 else max(5, a.steps // 20), seed=a.seed
-)
+s = BenchSetting(steps=a.steps, warmup_steps=30 if a.steps >= 600 else max(5, a.steps // 20), seed=a.seed)
 data = make_data(s)
 
 
@@ -81,8 +81,10 @@ for spec in a.specs:
         )
     else:
         name = ROWS[row].preset if row in ROWS else row
-        faults = SwarmFaults(deaths={1: int(variant[4:])}) if variant.startswith("die=") else None
-        if variant == "overlap":
+        opts = dict(o.partition("=")[::2] for o in variant.split(","))
+        faults = SwarmFaults(deaths={1: int(opts["die"])}) if "die" in opts else None
+        peers = int(opts.get("peers") or s.peers)
+        if "overlap" in opts:
             kw = {"overlap": True, **kw}
         cfg = preset(
             name,
@@ -96,11 +98,18 @@ for spec in a.specs:
             },
         )
         res = run_swarm(
-            lambda: GPT(s.model, seed=s.seed), data.batch, cfg, s.peers, s.steps, faults, seed=s.seed
+            lambda: GPT(s.model, seed=s.seed),
+            data.batch,
+            cfg,
+            peers,
+            s.steps,
+            faults,
+            seed=s.seed,
+            keep_global_batch="rebalance" in opts,
         )
         live = [m for m, ok in zip(res.models, res.alive, strict=True) if ok]
         up = float(np.mean([b for rowb in res.upload_bytes for b in rowb if b > 0]))
-        ring = ring_allreduce_bytes(live[0].num_parameters(), s.peers)
+        ring = ring_allreduce_bytes(live[0].num_parameters(), peers)
         tail = [res.mean_loss(t) for t in range(s.steps - s.steps // 10, s.steps)]
         out = dict(
             val=evaluate(live[0], data.val_x, data.val_y),
@@ -109,8 +118,9 @@ for spec in a.specs:
             x_less_ring=ring / up,
             identical=len({param_digest(m) for m in live}) == 1,
             alive=len(live),
+            windows_last=sum(w[-1] for w in res.windows),  # the global batch of the last step
         )
-        if variant == "curve":
+        if "curve" in opts:
             w = [res.mean_loss(t) for t in range(s.steps)]
             out["curve"] = [round(float(np.nanmean(w[t : t + 50])), 4) for t in range(0, s.steps, 50)]
     line = {

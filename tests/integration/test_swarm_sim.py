@@ -133,3 +133,55 @@ def test_without_overlap_the_replica_digest_is_the_parameter_digest() -> None:
     for m, o in zip(res.models, res.optimizers, strict=True):
         assert replica_digest(m, o) == param_digest(m)
     assert replica_digest(res.models[0], object()) == param_digest(res.models[0])  # a plain optimizer
+
+
+def _unique_batches(peer: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(10_000 * peer + step)
+    x = torch.randn(4, 48, generator=g)  # every window distinct (with probability 1)
+    return x, torch.tanh(x @ _X[:48, :4] / 7)
+
+
+def test_keep_global_batch_deals_the_dead_peers_windows_once() -> None:
+    # issue 3, peer death: the survivors take over the dead peer's stream, the step still trains
+    # on the run's global batch of 4 x 4 windows, no window twice, replicas bit-identical
+    calls: list[list[bytes]] = []  # the windows of each loss_fn call, in call order
+
+    def record(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        calls.append([row.numpy().tobytes() for row in x])
+        return _mse(model, x, y)
+
+    cfg = preset("ours_k4_1bit", lr=3e-3, warmup_steps=0)
+    res = run_swarm(
+        _factory, _unique_batches, cfg, 4, 10, SwarmFaults(deaths={1: 4}), loss_fn=record,
+        share_rounds=False, keep_global_batch=True,
+    )  # fmt: skip
+    assert res.alive == [True, False, True, True]
+    assert len({param_digest(m) for i, m in enumerate(res.models) if res.alive[i]}) == 1
+    totals = [sum(w[t] for w in res.windows) for t in range(10)]
+    assert totals == [16] * 4 + [12] + [16] * 5  # step 4: peer 1 trained, then died unsent
+    assert all(res.windows[1][t] == 0 for t in range(4, 10))
+    assert {tuple(res.windows[i][t] for i in (0, 2, 3)) for t in range(5, 10)} == {
+        (6, 5, 5),
+        (5, 6, 5),
+        (5, 5, 6),
+    }
+    assert len(calls) == 4 * 4 + 4 + 3 * 5  # steps 0-4: 4 calls (peer 1 dies after its step-4 call), then 3
+    for t in range(5, 10):
+        rows = [r for c in calls[20 + 3 * (t - 5) : 20 + 3 * (t - 4)] for r in c]
+        want = [r.numpy().tobytes() for p in range(4) for r in _unique_batches(p, t)[0]]
+        assert len(rows) == len(set(rows)) == 16  # no window twice in a step
+        assert set(rows) == set(want)  # and every window of all four streams, the dead one's too
+
+
+def test_keep_global_batch_changes_nothing_without_deaths_and_helps_after_one() -> None:
+    cfg = preset("ours_k32", lr=3e-3, warmup_steps=0)
+    plain = run_swarm(_factory, _batches, cfg, 3, 5, loss_fn=_mse)
+    kept = run_swarm(_factory, _batches, cfg, 3, 5, loss_fn=_mse, keep_global_batch=True)
+    assert {param_digest(m) for m in plain.models} == {param_digest(m) for m in kept.models}
+    assert plain.losses == kept.losses
+    dies = SwarmFaults(deaths={2: 2})
+    lost = run_swarm(_factory, _batches, cfg, 3, 5, dies, loss_fn=_mse)
+    taken = run_swarm(_factory, _batches, cfg, 3, 5, dies, loss_fn=_mse, keep_global_batch=True)
+    assert [w[4] for w in lost.windows] == [32, 32, 0]
+    assert sorted(w[4] for w in taken.windows) == [0, 48, 48]
+    assert param_digest(lost.models[0]) != param_digest(taken.models[0])

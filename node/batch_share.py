@@ -18,17 +18,40 @@ the same split from the same inputs.
 * :func:`loss_weight` — the factor on a peer's mean loss over ``n`` windows that makes the
   peers' gradients sum (up to the exchange's ``1 / n_live``) to the gradient of the mean loss
   over the whole global batch: ``n · n_live / G`` (1 when the shares are equal).
+* The daemon's side: :func:`share_of` (this node's windows from the round's accepted peer set,
+  identical on every replica), :func:`draw_windows` (``n`` windows of a peer's own reproducible
+  order; its first ``B`` are the ``B`` it draws anyway) and :class:`SharedFeed`, a batch source
+  ``feed(step) -> (x, y)`` that asks for :func:`share_of` windows each step. There the dead
+  node's data is not dealt out window by window: the coordinator reissues its shard when its
+  lease runs out, and the survivors read more windows of their own shards meanwhile.
 
 Cost: O(dead peers × batch) small ints per step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 
+import numpy as np
+
+from distronet.node.data.order import BatchOrder
 from distronet.protocol.errors import ConfigError
 
-__all__ = ["BatchShareError", "loss_weight", "node_batch", "takeover"]
+__all__ = [
+    "BatchShareError",
+    "SharedFeed",
+    "draw_windows",
+    "loss_weight",
+    "node_batch",
+    "share_of",
+    "takeover",
+]
+
+Draw = Callable[[int, int], tuple[np.ndarray, np.ndarray]]
+"""``draw(step, n) -> (x, y)``: ``n`` windows ``(n, seq_len)`` int64 of this node's order at ``step``."""
+LiveView = Callable[[], tuple[Sequence[bytes], bytes]]
+"""``live() -> (peer ids of the last applied round's accepted set, own peer id)``."""
 
 
 class BatchShareError(ConfigError):
@@ -91,3 +114,44 @@ def loss_weight(windows: int, global_batch: int, n_live: int) -> float:
             f"need positive sizes, got windows={windows}, global={global_batch}, live={n_live}"
         )
     return windows * n_live / global_batch
+
+
+def share_of(global_batch: int, live: Sequence[bytes], me: bytes, step: int) -> int:
+    """Windows node ``me`` trains on at ``step`` when the peers ``live`` (the last round's
+    accepted set: the same on every replica) share ``global_batch``; ranks are ascending peer
+    ids. ``me`` counts as live even if its own last packet missed the round (or before the
+    first round). Raises ``BatchShareError`` for ``global_batch < 1`` or ``step < 0``.
+    """
+    if global_batch < 1:
+        raise BatchShareError(f"global_batch must be >= 1, got {global_batch}")
+    ranked = sorted(set(live) | {me})
+    return max(1, node_batch(global_batch, len(ranked), ranked.index(me), step))
+
+
+def draw_windows(order: BatchOrder, step: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` windows of ``order`` at ``step`` as ``(x, y)`` ``(n, seq_len)`` int64: the same
+    ``(seed, shard, peer, step)`` stream, read further (PCG64 raw output is sequential), so the
+    first ``order.batch`` windows are exactly ``order.xy(step)``. Raises ``ConfigError`` for
+    ``n < 1``."""
+    return dataclasses.replace(order, batch=n).xy(step)
+
+
+class SharedFeed:
+    """A batch source for ``Trainer``: each step, this node's share of ``global_batch``.
+
+    ``draw(step, n)`` gives ``n`` windows of the node's data (e.g. ``draw_windows`` over its
+    shard's order); ``live()`` names the live peers and this node (see ``LiveView``). With every
+    peer live and ``global_batch = peers × B`` each step is ``B`` windows, as without the feed.
+    Not thread-safe (one trainer calls it).
+    """
+
+    def __init__(self, draw: Draw, global_batch: int, live: LiveView) -> None:
+        if global_batch < 1:
+            raise BatchShareError(f"global_batch must be >= 1, got {global_batch}")
+        self.draw, self.global_batch, self.live = draw, global_batch, live
+        self.last_windows = 0  # windows of the last batch handed out
+
+    def __call__(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        ids, me = self.live()
+        self.last_windows = share_of(self.global_batch, ids, me, step)
+        return self.draw(step, self.last_windows)

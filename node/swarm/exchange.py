@@ -21,8 +21,18 @@ A round's life at one replica (step ``t``):
    it — then takes the best one), pulls any frame it lacks from the producer, the leader or
    another listed peer, and returns the ``Round``.
 
-Replicas that saw the same manifests apply byte-identical accepted sets; one that missed the
-leader's manifest can diverge, which the daemon's periodic parameter-hash check catches.
+**Who may lead.** The producers a replica "knows" for step ``t`` are those it heard in ``t``
+*and* every producer it heard in ``t - 1`` or ``t - 2`` (announcements that came after those
+rounds froze included). Without the second part, a replica whose deadline passed before a slow
+producer's announcement arrived ranked only the producers it had heard, adopted the best of
+their manifests at once — while the slow producer, ranking itself first, sealed and applied its
+own manifest with one packet more: two accepted sets for one step (seen in shaped netns runs,
+repaired later by the drift check). Now every replica waits for (or asks) a recent producer
+that ranks above the manifest it holds, so all adopt the same one.
+
+Replicas that saw the same manifests apply byte-identical accepted sets; one that did not get
+the best-ranked leader's manifest within ``manifest_wait_s`` (nor by asking it) can still
+diverge, which the daemon's periodic parameter-hash check catches.
 
 **Warm-up masking.** A replica that has just adopted the swarm's state (a newcomer, or one that
 resynced) starts with zero momentum; for ``warmup_mask_steps`` steps it still publishes, but its
@@ -70,6 +80,7 @@ from distronet.node.swarm.pubsub import Gossip, Subscription
 from distronet.node.swarm.stack import Swarm
 from distronet.protocol.announce import Announcement, open_announcement, seal_announcement
 from distronet.protocol.errors import ConfigError, RejectCode, Rejected
+from distronet.protocol.identity import peer_id_to_b58
 from distronet.protocol.limits import DEFAULT_LIMITS, Limits
 
 __all__ = [
@@ -129,6 +140,7 @@ class _RoundState:
     pulls: dict[bytes, asyncio.Task[None]] = field(default_factory=dict)
     manifests: dict[bytes, RoundManifest] = field(default_factory=dict)  # leader -> manifest
     warm: set[bytes] = field(default_factory=set)  # producers whose packet is a masked warm-up one
+    late: set[bytes] = field(default_factory=set)  # producers first heard after the freeze
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     frozen: bool = False
     deciding: asyncio.Task[Round] | None = None
@@ -151,6 +163,7 @@ class AsyncSwarmExchange:
         self.rejected: Counter[RejectCode] = Counter()
         self.skipped_for_budget = 0
         self.closed_early = 0  # rounds frozen before their deadline: complete
+        self.followed = 0  # manifests we sealed with an earlier manifest's entries (we were late)
         self._subscribed: set[bytes] = set()  # peers in our announcement topic (refreshed each second)
         self._inflight_bytes = 0  # announced frames being pulled, reserved against the download budget
         self.round_deadline_s = config.round_deadline_s  # settable; open rounds see a change at once
@@ -309,6 +322,7 @@ class AsyncSwarmExchange:
             return
         if state.frozen:
             self._stats.late_dropped += 1
+            state.late.add(ann.peer_id)  # a producer all the same: it may lead the next rounds
             return
         state.announced[ann.peer_id] = ann
         state.changed.set()
@@ -422,12 +436,28 @@ class AsyncSwarmExchange:
         if producers <= {self.peer_id}:
             self._check_behind(step)
         eligible = (producers - state.warm) or producers  # all warming up: take them as they are
-        ranked = sorted(eligible, key=lambda p: leader_rank(step, p))
-        if self.peer_id in ranked:
+        unheard = self._recent_producers(step) - producers - state.warm
+        ranked = sorted(eligible | unheard, key=lambda p: leader_rank(step, p))
+        if self.peer_id in eligible:
             self._spawn(self._lead(step, state, ranked.index(self.peer_id)))
         manifest = await self._await_manifest(step, state, ranked)
         state.decided = await self._fill(step, state, manifest)
         return state.decided
+
+    def _recent_producers(self, step: int) -> set[bytes]:
+        """The peers that may lead ``step`` although their announcement of it has not reached us
+        (yet): every producer heard in the two rounds before it (late ones included), and — while
+        either of those rounds was not decided here (a start, a resync) — every peer in our
+        announcement topic."""
+        out: set[bytes] = set()
+        for prev in (step - 1, step - 2):
+            held = self._rounds.get(prev)
+            if held is None or held.decided is None:
+                out.update(self._subscribed)
+            if held is not None:
+                out.update(held.announced, held.late)
+        out.discard(self.peer_id)
+        return out
 
     def _check_behind(self, step: int) -> None:
         """Raise ``FellBehind`` when peers announced steps past our window for ``step``."""
@@ -441,12 +471,21 @@ class AsyncSwarmExchange:
             )
 
     async def _lead(self, step: int, state: _RoundState, position: int) -> None:
+        """Seal our manifest for ``step`` after ``position`` grace periods, unless a better-ranked
+        one arrived. When a worse-ranked manifest is already here, we are late (the others froze
+        and may have adopted it): we seal *its* entries unchanged rather than our own view, so
+        whichever of the two a replica adopts, it applies the same accepted set."""
         await asyncio.sleep(position * self.config.manifest_grace_s)
         mine = leader_rank(step, self.peer_id)
         if state.decided is not None or any(m.rank < mine for m in state.manifests.values()):
             return
-        masked = state.warm if set(state.frames) - state.warm else set()
-        entries: list[Entry] = [(p, sha, len(fr)) for p, (sha, fr) in state.frames.items() if p not in masked]
+        entries: list[Entry]
+        if state.manifests:
+            entries = list(min(state.manifests.values(), key=lambda m: m.rank).entries)
+            self.followed += 1
+        else:
+            masked = state.warm if set(state.frames) - state.warm else set()
+            entries = [(p, sha, len(fr)) for p, (sha, fr) in state.frames.items() if p not in masked]
         data = seal_manifest(self.swarm.identity, self.swarm.run_id, step, entries)
         state.sealed = data
         state.manifests[self.peer_id] = open_manifest(
@@ -468,6 +507,10 @@ class AsyncSwarmExchange:
                 best = min(state.manifests.values(), key=lambda m: m.rank)
                 top = min([*ranked, best.leader], key=lambda p: leader_rank(step, p))
                 if best.leader == top or late:
+                    log.info("round %d: manifest of %s (%d entries; %s; heard %d of %d known, %d manifests)",
+                             step, peer_id_to_b58(best.leader)[-6:], len(best.entries),
+                             "top" if best.leader == top else "late",
+                             len(state.announced), len(ranked), len(state.manifests))  # fmt: skip
                     return best
             elif late:
                 raise RoundUnavailable(f"step {step}: no manifest arrived (no live producer heard)")

@@ -7,7 +7,9 @@ set. Wire form: a msgpack map, at most ``max_entries`` entries::
     "v" 1 | "run" str | "step" int | "leader" bin(38) | "entries" [[peer bin(38), sha bin(32), size int], ...]
     | "sig" bin(64)   (Ed25519 by the leader over ``manifest_signing_bytes``)
 
-Entries are sorted by peer id, unique, and must include the leader itself.
+Entries are sorted by peer id, unique and at least one. They usually include the leader itself,
+but need not: a leader that is late for its round seals the entries of the manifest it already
+holds unchanged (``exchange.AsyncSwarmExchange._lead``), so that every replica applies one set.
 """
 
 from __future__ import annotations
@@ -122,8 +124,8 @@ def open_manifest(data: bytes, *, run_id: str, max_entries: int, max_size: int) 
         entries.append((item[0], item[1], item[2]))
     ordered = tuple(entries)
     peers = [p for p, _, _ in ordered]
-    if peers != sorted(set(peers)) or leader not in peers:
-        raise Rejected(RejectCode.MALFORMED, "manifest entries unsorted, duplicated or without the leader")
+    if not peers or peers != sorted(set(peers)):
+        raise Rejected(RejectCode.MALFORMED, "manifest entries empty, unsorted or duplicated")
     if run != run_id:
         raise Rejected(RejectCode.WRONG_RUN, f"manifest of run {run!r}", peer_id=who, step=step)
     if len(sig) != SIGNATURE_BYTES or not verify(

@@ -176,12 +176,51 @@ async def test_replica_that_missed_the_manifest_gossip_asks_the_leader(
         del xb._on_manifest
 
 
+async def test_a_late_producer_that_ranks_first_leads_every_replica(
+    peers: list[tuple[Swarm, AsyncSwarmExchange]],
+) -> None:
+    """C produced in the round before, then announces ``step`` only after A and B froze it (their
+    deadline passed) and after their manifest reached it; C ranks first. Before the fix, A and B
+    adopted the best manifest among the producers they had heard ({A, B}) at once, while C sealed
+    and applied its own ({A, B, C}): two accepted sets. Now A and B wait for C (a recent
+    producer ranked above their manifest), and C, late, seals the entries it already holds, so
+    every replica applies {A, B}."""
+    (a, xa), (b, xb), (c, xc) = peers
+    ids = [s.identity.peer_id for s, _ in peers]
+    first = max(ex._newest for _, ex in peers) + 2
+    step = next(t for t in range(first, first + 400) if min(ids, key=lambda p: leader_rank(t, p)) == ids[2])
+    before = {s.identity.peer_id: packet(s, step - 1) for s, _ in peers}
+    for swarm, ex in peers:
+        await ex.publish(step - 1, before[swarm.identity.peer_id])
+    await asyncio.gather(*(ex.collect(step - 1) for _, ex in peers))
+
+    sent = {s.identity.peer_id: packet(s, step) for s, _ in peers}
+    await xa.publish(step, sent[a.identity.peer_id])
+    await xb.publish(step, sent[b.identity.peer_id])
+    collecting = [asyncio.ensure_future(ex.collect(step)) for ex in (xa, xb)]
+
+    async def c_holds_the_manifest_of_a_or_b() -> bool:
+        held = xc._rounds.get(step)
+        return held is not None and bool(held.manifests)
+
+    await eventually(c_holds_the_manifest_of_a_or_b, 10.0, "A's or B's manifest to reach C")
+    assert all(c.identity.peer_id not in ex._rounds[step].announced for ex in (xa, xb))
+    assert not any(t.done() for t in collecting)  # A and B wait for C, who ranks first
+    followed = xc.followed
+    await xc.publish(step, sent[c.identity.peer_id])
+    rounds = await asyncio.gather(*collecting, xc.collect(step))
+    assert rounds[0].manifest == rounds[1].manifest == rounds[2].manifest, [r.manifest for r in rounds]
+    assert dict(rounds[0]) == {p: sent[p] for p in ids[:2]}  # C's late frame is out everywhere
+    assert xc.followed == followed + 1
+    assert all(ex._rounds[step].decided is not None for _, ex in peers)
+
+
 async def test_killed_peer_is_left_out_and_the_rest_stay_identical(
     peers: list[tuple[Swarm, AsyncSwarmExchange]],
 ) -> None:
     (a, xa), (b, xb), (c, _) = peers
     c.host.kill()
-    step = 10
+    step = max(xa._newest, xb._newest) + 1  # C produced in the round before: A and B wait for it or ask
     sent = {s.identity.peer_id: packet(s, step) for s in (a, b)}
     await xa.publish(step, sent[a.identity.peer_id])
     await xb.publish(step, sent[b.identity.peer_id])
@@ -193,7 +232,7 @@ async def test_killed_peer_is_left_out_and_the_rest_stay_identical(
     sa, sb = SwarmExchange(xa, loop), SwarmExchange(xb, loop)
     with pytest.raises(ExchangeError):
         sa.collect(step)  # from the loop's own thread: refused, not deadlocked
-    step = 11
+    step += 3  # past C's rounds
     await asyncio.gather(
         asyncio.to_thread(sa.publish, step, packet(a, step)),
         asyncio.to_thread(sb.publish, step, packet(b, step)),
@@ -216,7 +255,7 @@ async def test_newcomer_is_in_the_accepted_set_within_10_s_of_starting(
             return all([set(await d.gossip.topic_peers(t)) >= want for t in topics])
 
         await eventually(d_ready, 10.0, "the newcomer's gossip mesh")
-        step = 12
+        step = max(xa._newest, xb._newest) + 1
         sent = {s.identity.peer_id: packet(s, step) for s in (a, b, d)}
         for s, ex in ((a, xa), (b, xb), (d, xd)):
             await ex.publish(step, sent[s.identity.peer_id])

@@ -33,6 +33,12 @@ def test_round_trip_sorts_entries_and_verifies() -> None:
     assert leader_rank(5, LEADER.peer_id) != leader_rank(6, LEADER.peer_id)
 
 
+def test_a_late_leader_may_seal_an_earlier_manifests_entries_without_its_own() -> None:
+    theirs = [ENTRIES[0]]  # the entries of a manifest that leaves LEADER's late frame out
+    m = open_manifest(seal_manifest(LEADER, "r", 5, theirs), run_id="r", max_entries=8, max_size=100)
+    assert m.leader == LEADER.peer_id and list(m.entries) == theirs
+
+
 def _tamper(field: str, value: object) -> bytes:
     body = msgpack.unpackb(seal_manifest(LEADER, "r", 5, ENTRIES))
     body[field] = value
@@ -44,7 +50,9 @@ def _tamper(field: str, value: object) -> bytes:
     [
         (_tamper("step", 6), RejectCode.BAD_SIGNATURE),
         (_tamper("run", "other"), RejectCode.WRONG_RUN),
-        (_tamper("entries", [[OTHER.peer_id, b"\x00" * 32, 10]]), RejectCode.MALFORMED),  # leader missing
+        (_tamper("entries", [[OTHER.peer_id, b"\x00" * 32, 10]]), RejectCode.BAD_SIGNATURE),
+        (_tamper("entries", []), RejectCode.MALFORMED),
+        (_tamper("entries", [list(e) for e in ENTRIES[::-1]]), RejectCode.MALFORMED),  # unsorted
         (_tamper("entries", [[LEADER.peer_id, b"\x00" * 32, 10**9]]), RejectCode.TOO_LARGE),
         (_tamper("leader", b"\x00" * 38), RejectCode.MALFORMED),
         (b"\xc1garbage", RejectCode.MALFORMED),

@@ -198,7 +198,12 @@ class CoordinatorApp:
         self.clock = clock
         self.store = store if store is not None else open_store(cfg.db_url(), **self._store_opts(cfg))
         self.events = EventBus()
-        self.committer = GroupCommitter(self.store, on_fatal=self._fatal, on_commit=self._on_commit)
+        self.committer = GroupCommitter(
+            self.store,
+            on_fatal=self._fatal,
+            on_commit=self._on_commit,
+            min_interval_s=cfg.commit_min_interval_s,
+        )
         self.svc = Coordinator(self.committer, self.events, clock=clock)
         self.metrics = Metrics(self.svc)
         self.nonces = NonceCache(2 * cfg.clock_skew_s)

@@ -43,7 +43,17 @@ log = logging.getLogger(__name__)
 
 
 class GroupCommitter:
-    """Batches staged rows into ordered transactions on ``store``."""
+    """Batches staged rows into ordered transactions on ``store``.
+
+    ``min_interval_s``: a batch is handed to the store no sooner than this after the previous
+    one was (0: as soon as the previous commit is done). Under steady load on a fast disk,
+    commits otherwise follow each other every few hundred µs carrying one or two calls each,
+    and every commit costs ~200 µs of SQLite-thread CPU (statements, WAL write, fsync) plus
+    the hand-offs between threads, whatever its size: pacing them makes each carry several
+    calls for at most ``min_interval_s`` more latency. A lone write after a quiet spell
+    commits at once. Durability is unchanged: every waiter is still answered only after the
+    commit holding its rows.
+    """
 
     def __init__(
         self,
@@ -51,8 +61,10 @@ class GroupCommitter:
         *,
         on_fatal: Callable[[BaseException], None] | None = None,
         on_commit: Callable[[int, float], None] | None = None,
+        min_interval_s: float = 0.0,
     ) -> None:
         self.store = store
+        self.min_interval_s = min_interval_s
         self._on_fatal = on_fatal
         self._on_commit = on_commit
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -224,7 +236,13 @@ class GroupCommitter:
         # What arrived meanwhile goes next, after one more poll phase: the requests whose bytes
         # came in while the answers above were written join it (beginning right here, without
         # them, made many one-row commits that held a full fsync slot ahead of a big batch).
-        self._kick()
+        # With ``min_interval_s``, no sooner than that after this batch began (see __init__).
+        wait = self.min_interval_s - (t1 - t0)
+        if wait > 0 and self.failed is None and self._loop is not None and not self._kicked:
+            self._kicked = True
+            self._loop.call_later(wait, self._begin)
+        else:
+            self._kick()
 
     def _fail(
         self,

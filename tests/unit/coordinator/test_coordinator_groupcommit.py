@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -133,3 +134,38 @@ async def test_a_store_without_commit_cb_is_awaited_in_order(tmp_path: Path) -> 
     assert order == list(range(12)) and _on_disk(db) == 12
     await committer.close()
     await store.close()
+
+
+class _TimedStore(SqliteStore):
+    """A real SQLite store that records when each commit reached its thread."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.begins: list[float] = []
+
+    def _commit(self, work: list[tuple[str, list[tuple[object, ...]]]]) -> None:
+        self.begins.append(time.perf_counter())
+        super()._commit(work)
+
+
+async def test_min_interval_paces_commits_but_a_lone_write_commits_at_once(tmp_path: Path) -> None:
+    store = _TimedStore(str(tmp_path / "paced.db"))
+    await store.open()
+    committer = GroupCommitter(store, min_interval_s=0.1)
+    committer.start()
+    t0 = time.perf_counter()
+    committer.put("join_tokens", _join_token(0))
+    await committer.durable()
+    assert time.perf_counter() - t0 < 0.09  # after a quiet spell: no pacing delay
+    answered: list[int] = []
+    for i in range(1, 4):  # three writes while the pace holds the next batch back
+        committer.put("join_tokens", _join_token(i))
+        assert committer.when_durable(lambda err, i=i: answered.append(i)) is True
+        await asyncio.sleep(0.01)
+    await committer.durable()
+    assert answered == [1, 2, 3]
+    assert committer.commits == 2  # the three writes shared one commit
+    assert store.begins[1] - store.begins[0] >= 0.095
+    await committer.close()
+    await store.close()
+    assert _on_disk(tmp_path / "paced.db") == 4

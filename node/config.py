@@ -117,7 +117,9 @@ class NodeConfig:
     data_dir: str = _f("~/.distro-node", "identity, checkpoints, shards and the status file live here")
     join_token: str = _f("", "join token from the run's operator (runs with token admission)")
     shutdown_timeout_s: float = _f(
-        30.0, "after SIGINT/SIGTERM, wait at most this long for the step in flight"
+        25.0,
+        "after SIGINT/SIGTERM, exit within this many seconds: the step in flight gets what is left "
+        "after 13 s set aside for leaving the run and stopping p2pd (at least 2 s)",
     )
     net: NetConfig = dataclasses.field(default_factory=NetConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)

@@ -15,6 +15,13 @@ the status line run beside it. A stop request (SIGINT/SIGTERM) lets the step in 
 (the coordinator reissues our lease at once) and stops p2pd. Every await that crosses a process
 boundary has a deadline.
 
+Shutdown is bounded whatever the coordinator's or the peers' health: after a stop request the
+run winds down within ``shutdown_timeout_s - CLOSE_BUDGET_S`` (else the step in flight is
+abandoned and the process exits hard), and each stage of ``close`` has its own cap
+(``CLOSE_CAPS_S``, ``CLOSE_BUDGET_S`` in all; p2pd is SIGKILLed if its stage runs out).
+``stage`` names what shutdown is doing (logged; ``join``'s watchdog prints it with every
+thread's stack if the process is still alive past its deadline).
+
 Errors::
 
     DistroError
@@ -30,6 +37,7 @@ import enum
 import logging
 import math
 import time
+import traceback
 from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -67,6 +75,18 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 CALL_S = 15.0  # deadline of one call to the coordinator or p2pd
 VERIFY_STEPS = 3  # a node that adopted the swarm's state checks its hash against peers this many steps
+# Caps of close()'s stages (seconds), each independent of the coordinator's and peers' health.
+CLOSE_CAPS_S: dict[str, float] = {
+    "background tasks": 1.0,
+    "leave the run": 3.0,
+    "exchange": 1.5,
+    "state donor": 1.0,
+    "digest board": 1.0,
+    "p2pd": 4.5,
+    "coordinator client": 1.0,
+}
+CLOSE_BUDGET_S = sum(CLOSE_CAPS_S.values())  # 13 s: set aside for close() out of shutdown_timeout_s
+MIN_WIND_DOWN_S = 2.0  # the step in flight gets at least this long after a stop request
 
 
 class NodeError(DistroError):
@@ -108,6 +128,20 @@ async def deadline(aw: Awaitable[T], seconds: float, what: str, code: ExitCode =
         raise NodeError(f"{what}: no answer within {seconds:.0f} s", code) from None
 
 
+def awaiting(task: asyncio.Future[Any]) -> str:
+    """The chain of coroutines ``task`` is suspended in, outermost first (a traceback's format):
+    where a task that does not finish is stuck."""
+    frames: list[traceback.FrameSummary] = []
+    aw: Any = task.get_coro() if isinstance(task, asyncio.Task) else None
+    while aw is not None and len(frames) < 40:
+        frame = getattr(aw, "cr_frame", None) or getattr(aw, "gi_frame", None)
+        if frame is not None:
+            code = frame.f_code
+            frames.append(traceback.FrameSummary(code.co_filename, frame.f_lineno, code.co_name))
+        aw = getattr(aw, "cr_await", None) or getattr(aw, "gi_yieldfrom", None)
+    return "".join(traceback.format_list(frames)) or f"{task!r}\n"
+
+
 class _DownloadProgress:
     """Logs a long download's progress at every further 10 % (the owner sees it is moving)."""
 
@@ -128,6 +162,8 @@ class Node:
         self.cfg = cfg
         self.state = NodeState.CREATED
         self.stop_requested = asyncio.Event()
+        self.stop_at: float | None = None  # monotonic time of the first stop request
+        self.stage = "created"  # what the node is doing; during shutdown, which stage (see close)
         self.abandoned = False  # a step was still running at close: exit the process hard
         self.client: CoordinatorClient | None = None
         self.swarm: Swarm | None = None
@@ -260,7 +296,20 @@ class Node:
 
     def request_stop(self) -> None:
         """Finish (or abandon) the step in flight, then stop. Safe to call more than once."""
+        if self.stop_at is None:
+            self.stop_at = time.monotonic()
         self.stop_requested.set()
+
+    def wind_down_s(self) -> float:
+        """Seconds the run may still take to wind down after the stop request (the step in
+        flight, the final checkpoint): ``shutdown_timeout_s`` less ``CLOSE_BUDGET_S``, at least
+        ``MIN_WIND_DOWN_S``, less the time since the request."""
+        since = 0.0 if self.stop_at is None else time.monotonic() - self.stop_at
+        return max(MIN_WIND_DOWN_S, self.cfg.shutdown_timeout_s - CLOSE_BUDGET_S) - since
+
+    def _set_stage(self, stage: str) -> None:
+        self.stage = stage
+        log.info("shutdown: %s", stage)
 
     async def run(self) -> ExitCode:
         """Wait for peers, lease, train until stopped or ``max_steps``/``max_seconds``; ``ExitCode.OK``.
@@ -271,15 +320,48 @@ class Node:
 
         self._tasks.append(asyncio.create_task(node_loop.heartbeats(self), name="heartbeats"))
         self._tasks.append(asyncio.create_task(node_loop.watch_links(self), name="gossip links"))
+        body = asyncio.ensure_future(self._run_body())
+        stop = asyncio.ensure_future(self.stop_requested.wait())
         try:
+            await asyncio.wait({body, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if not body.done():
+                self.stage = "finishing the step in flight"
+                done, _ = await asyncio.wait({body}, timeout=max(0.0, self.wind_down_s()))
+                if not done:
+                    log.warning(
+                        "shutdown: the run did not wind down within %.0f s of the stop request "
+                        "(%s): abandoned",
+                        max(MIN_WIND_DOWN_S, self.cfg.shutdown_timeout_s - CLOSE_BUDGET_S),
+                        self.stage,
+                    )
+                    log.warning("shutdown: the run was here when abandoned:\n%s", awaiting(body))
+                    self.abandoned = True  # a worker thread may still be inside the step
+                    body.cancel()
+                    await asyncio.wait({body}, timeout=1.0)
+                    if self.state is not NodeState.STOPPING:
+                        self._to(NodeState.STOPPING)
+                    return ExitCode.OK
+            return body.result()
+        finally:
+            stop.cancel()
+            if not body.done():
+                body.cancel()
+
+    async def _run_body(self) -> ExitCode:
+        from distronet.node import node_loop
+
+        try:
+            self.stage = "waiting for peers"
             await node_loop.wait_for_peers(self)
             log.info("%d peer(s) in the mesh", self.status.peers)
             if self.stop_requested.is_set():
                 self._to(NodeState.STOPPING)
                 return ExitCode.OK
             if self.status.peers:  # a newcomer to a running swarm starts from its current state
+                self.stage = "catching up"
                 await self._first_catch_up(timeout=30.0)
             self._to(NodeState.TRAINING)
+            self.stage = "training"
             await node_loop.train(self)
         finally:
             if self.state is not NodeState.STOPPING:
@@ -419,39 +501,52 @@ class Node:
     # ------------------------------------------------------------------ close
 
     async def close(self) -> None:
-        """Leave the run, stop the exchange and p2pd, stop /metrics. Never raises; idempotent."""
+        """Leave the run, stop the exchange and p2pd, stop /metrics. Never raises; idempotent.
+
+        Each stage is capped (``CLOSE_CAPS_S``): a dead or stalled coordinator or peer costs at
+        most that stage's cap; p2pd is SIGKILLed when its orderly stop runs out of time.
+        """
         if self.state is NodeState.CLOSED:
             return
         if self.state is not NodeState.STOPPING and NodeState.STOPPING in _NEXT[self.state]:
             self._to(NodeState.STOPPING)
+        self._set_stage("background tasks")
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=CLOSE_CAPS_S["background tasks"])
         if self.client is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.client.leave(), CALL_S)
+            await self._capped("leave the run", self.client.leave())
         if self.core is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.core.close(), CALL_S)
+            await self._capped("exchange", self.core.close())
         if self.donor is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.donor.close(), CALL_S)
+            await self._capped("state donor", self.donor.close())
         if self.board is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.board.close(), CALL_S)
-        if self.swarm is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.swarm.close(leave=True), CALL_S)
+            await self._capped("digest board", self.board.close())
+        if self.swarm is not None and not await self._capped("p2pd", self.swarm.close(leave=True)):
+            self.swarm.host.kill()  # its orderly stop ran out of time: no p2pd outlives us
         if self.client is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.client.close(), CALL_S)
+            await self._capped("coordinator client", self.client.close())
+        self._set_stage("closed")
         self.metrics.close()
         self._to(NodeState.CLOSED)
         if hasattr(self, "status"):
             with contextlib.suppress(OSError):
                 self.status_file.write(self.status)
+
+    async def _capped(self, stage: str, aw: Awaitable[Any]) -> bool:
+        """Run one stage of ``close`` for at most ``CLOSE_CAPS_S[stage]``; True if it finished
+        (an error counts as finished: it is logged, never raised)."""
+        self._set_stage(stage)
+        cap = CLOSE_CAPS_S[stage]
+        try:
+            await asyncio.wait_for(aw, cap)
+        except asyncio.TimeoutError:
+            log.warning("shutdown: %s did not finish within %.1f s; going on", stage, cap)
+            return False
+        except Exception as e:  # close never raises; what failed is logged
+            log.info("shutdown: %s failed: %r", stage, e)
+        return True
 
     @property
     def loss(self) -> float:

@@ -16,4 +16,5 @@ class ExitCode(enum.IntEnum):
     COORDINATOR_UNREACHABLE = 3  # could not reach the coordinator at start-up
     REJECTED = 4  # the coordinator refused admission (bad token, run closed, ...)
     NETWORK = 5  # the libp2p daemon could not start or join the swarm
+    SHUTDOWN_TIMEOUT = 6  # still alive past the shutdown deadline: every thread's stack went to stderr
     INTERRUPTED = 130  # forced exit after a second Ctrl-C

@@ -6,11 +6,11 @@ nothing answers, so each coordinator call (heartbeats, a shard completion in fli
 (``daemon.CLOSE_CAPS_S``) and the run's wind-down is bounded by ``--shutdown-timeout-s``.
 
 Steps:
- 1. a coordinator process and 2 `distro-node join` processes (tiny GPT, ``--shutdown-timeout-s
-    16``) train past step 2;
- 2. SIGSTOP the coordinator, and SIGTERM both nodes at once;
- 3. each exits 0 within 16 s + 1 s of slack, and its log names the shutdown stages (the
-    ``leave`` stage ran out of its cap against the stalled coordinator);
+ 1. a coordinator process and a `distro-node join` process (tiny GPT, ``--shutdown-timeout-s
+    16``) train past step 2 (one node: the stalled coordinator is the point, and CI time);
+ 2. SIGSTOP the coordinator, and SIGTERM the node;
+ 3. it exits 0 within 16 s + 1 s of slack, and its log names the shutdown stages (the ``leave``
+    stage ran out of its cap against the stalled coordinator);
  4. SIGCONT the coordinator (the harness then stops it).
 """
 
@@ -30,11 +30,11 @@ SHUTDOWN_S = 16.0
 
 def test_sigterm_with_a_stalled_coordinator_exits_in_time(tmp_path: Path) -> None:
     run = write_run(tmp_path, "stall", round_deadline_s=0.5, shards=8, shard_tokens=2048)
-    nodes = [0, 1]
+    nodes = [0]
     with LocalSwarm(tmp_path, run, "stall") as swarm:
         swarm.start_coordinator()
         for _ in nodes:
-            swarm.start_node("--log-level", "info", "--shutdown-timeout-s", str(SHUTDOWN_S), min_peers=2)
+            swarm.start_node("--log-level", "info", "--shutdown-timeout-s", str(SHUTDOWN_S), min_peers=1)
         swarm.wait_steps(nodes, 2, timeout=120.0)
         assert swarm.coordinator is not None
         swarm.coordinator.send_signal(signal.SIGSTOP)
@@ -52,5 +52,5 @@ def test_sigterm_with_a_stalled_coordinator_exits_in_time(tmp_path: Path) -> Non
     print(f"stop_s={[round(t, 1) for t in took]}")
     for i in nodes:
         log = (tmp_path / f"node{i}.log").read_text(errors="replace")
-        assert "shutdown: leave the run" in log and "shutdown: closed" in log, log[-2000:]
+        assert "shutdown: leave the run did not finish" in log and "shutdown: closed" in log, log[-2000:]
     assert max(took) <= SHUTDOWN_S + 1.0, took

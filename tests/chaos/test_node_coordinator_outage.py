@@ -67,7 +67,11 @@ def test_nodes_train_through_a_coordinator_outage(tmp_path: Path) -> None:
             40.0,
             "every node's queued reports to reach the restarted coordinator",
         )
-        codes = [swarm.stop(p) for p in swarm.nodes]  # final status files; the ledger stops moving
+        codes, stop_s = [], []  # final status files; the ledger stops moving
+        for p in swarm.nodes:
+            t0 = time.monotonic()
+            codes.append(swarm.stop(p))
+            stop_s.append(round(time.monotonic() - t0, 1))
         after = {i: swarm.status(i) for i in nodes}
         ledger = {n["peer_id"]: n for n in swarm.api("/runs/chaos2/nodes")["nodes"]}
         unit_state = {
@@ -75,7 +79,7 @@ def test_nodes_train_through_a_coordinator_outage(tmp_path: Path) -> None:
         }
 
     stepped = {i: during[i]["step"] - before[i]["step"] for i in nodes}
-    print(f"outage_s={outage_s:.1f} steps_during_outage={stepped}")
+    print(f"outage_s={outage_s:.1f} steps_during_outage={stepped} stop_s={stop_s}")
     assert codes == [0] * N
     for i in nodes:
         s, peer = after[i], after[i]["peer_id"]

@@ -77,7 +77,8 @@ class NetnsSwarm(LocalSwarm):
     def start_node(self, *extra: str, min_peers: int = 1, status: str = "off") -> int:
         """Start the next node (index = how many were started) in its namespace; its index.
 
-        ``extra`` flags follow the defaults, so ``--up``/``--down`` given there win.
+        ``extra`` flags follow the defaults, so ``--up``/``--down`` given there win. The nodes log
+        at ``DISTRO_BENCH_LOG_LEVEL`` (default ``warning``; ``info`` shows each round's manifest).
         """
         i = len(self.nodes)
         if i >= self.net.n:
@@ -89,7 +90,7 @@ class NetnsSwarm(LocalSwarm):
                "--coordinator", self.url, "--data-dir", str(d),
                "--listen", f"/ip4/{self.net.node_ip(i)}/tcp/0", "--no-nat-traversal",
                "--gossip-heartbeat-s", "0.5", "--min-peers", str(min_peers), "--status", status,
-               "--log-level", "warning", *extra]  # fmt: skip
+               "--log-level", os.environ.get("DISTRO_BENCH_LOG_LEVEL", "warning"), *extra]  # fmt: skip
         self.nodes.append(
             subprocess.Popen(cmd, env=env, stdout=self._out(f"node{i}"), stderr=subprocess.STDOUT)
         )

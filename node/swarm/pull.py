@@ -1,9 +1,18 @@
 """Payloads pulled over direct libp2p streams by content hash (sha256), with a small store.
 
-Wire (protocol ``/distronet/pull/1``), one request per stream::
+Wire (protocol ``/distronet/pull/1``), requests one after another on a stream::
 
     request   b"DNP1" | sha256 (32 bytes) | max_bytes (u64 BE)
     response  status (u8: 0 OK, 1 NOT_FOUND, 2 TOO_LARGE) | size (u64 BE) | size bytes (OK only)
+
+The server answers requests on one stream until the puller closes it (or it stays idle for
+``idle_timeout_s``). A puller built with ``reuse_streams`` keeps a stream to each peer open after
+a clean answer and sends its next request there: the swarm pulls three or more frames a step,
+and each new stream costs both daemons and both event loops ~1.8 ms of CPU (a control-socket
+connection, the libp2p stream negotiation, the daemon dialling our handler socket). A reused
+stream the other side closed meanwhile is detected before any byte of the answer and the pull
+is retried once on a new stream. A puller that sends one request per stream and closes it (the
+old behaviour) is served as before.
 
 The puller checks the declared size against its limit (and the announced size) *before* reading,
 reads through the download budget, verifies the hash, and keeps the bytes in its own store so
@@ -40,6 +49,12 @@ _MAGIC = b"DNP1"
 _REQUEST_LEN = 4 + 32 + 8
 _OK, _NOT_FOUND, _TOO_LARGE = 0, 1, 2
 _CHUNK = 64 * 1024
+_MAX_IDLE_PER_PEER = 4
+_REUSE_FOR_S = 20.0  # an idle stream older than this is closed, not reused (servers time out at 60 s)
+
+
+class _Stale(Exception):
+    """A reused stream was closed by the other side before it answered: retry on a new one."""
 
 
 def encode_request(digest: bytes, max_bytes: int) -> bytes:
@@ -106,10 +121,15 @@ class Puller:
         *,
         serve_timeout_s: float,
         protocol: str,
+        reuse_streams: bool = False,
+        idle_timeout_s: float = 60.0,
     ) -> None:
         self.host, self.store, self.bandwidth = host, store, bandwidth
         self.serve_timeout_s, self.protocol = serve_timeout_s, protocol
+        self.reuse_streams, self.idle_timeout_s = reuse_streams, idle_timeout_s
         self.served = 0
+        self.streams_opened = 0  # pull streams this puller opened (reused ones counted once)
+        self._idle: dict[bytes, list[tuple[float, asyncio.StreamReader, asyncio.StreamWriter]]] = {}
 
     @classmethod
     async def create(
@@ -120,10 +140,16 @@ class Puller:
         *,
         serve_timeout_s: float = 30.0,
         protocol: str = PULL_PROTOCOL,
+        reuse_streams: bool = False,
     ) -> Puller:
-        """Register the pull handler on ``host`` (``protocol`` differs from the default only in tests)."""
+        """Register the pull handler on ``host`` (``protocol`` differs from the default only in
+        tests). ``reuse_streams``: keep streams to peers open for the next pull (module doc);
+        such a puller must be closed."""
         bw = bandwidth or Bandwidth.unlimited()
-        self = cls(host, store or ContentStore(), bw, serve_timeout_s=serve_timeout_s, protocol=protocol)
+        self = cls(
+            host, store or ContentStore(), bw, serve_timeout_s=serve_timeout_s, protocol=protocol,
+            reuse_streams=reuse_streams,
+        )  # fmt: skip
         await with_deadline(
             host.p2p.add_binary_stream_handler(protocol, self._serve),
             host.config.call_timeout_s,
@@ -132,7 +158,11 @@ class Puller:
         return self
 
     async def close(self) -> None:
-        """Stop serving (nothing to do when p2pd is already gone)."""
+        """Close the idle pull streams and stop serving (nothing more when p2pd is already gone)."""
+        idle, self._idle = self._idle, {}
+        for streams in idle.values():
+            for _, _, writer in streams:
+                writer.close()
         if not self.host.alive:
             return
         with contextlib.suppress(Exception):
@@ -145,18 +175,30 @@ class Puller:
     async def _serve(
         self, info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
+        """Answer requests on this stream until the puller closes it, sends a bad request, or
+        stays silent for ``idle_timeout_s`` (``serve_timeout_s`` for the first request)."""
+        wait = self.serve_timeout_s
         try:
-            await asyncio.wait_for(self._serve_one(reader, writer), self.serve_timeout_s)
+            while True:
+                try:
+                    req = await asyncio.wait_for(reader.readexactly(_REQUEST_LEN), wait)
+                except asyncio.IncompleteReadError as e:
+                    if e.partial:
+                        raise
+                    return  # the puller is done with this stream
+                if not await asyncio.wait_for(self._serve_one(req, writer), self.serve_timeout_s):
+                    return
+                wait = self.idle_timeout_s
         except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError) as e:
             log.debug("pull from %s not served: %r", info.peer_id, e)
         finally:
             writer.close()
 
-    async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        req = await reader.readexactly(_REQUEST_LEN)
+    async def _serve_one(self, req: bytes, writer: asyncio.StreamWriter) -> bool:
+        """Answer one request; False for a malformed one (the stream is then closed)."""
         self.bandwidth.received(len(req))
         if req[:4] != _MAGIC:
-            return
+            return False
         digest, max_bytes = req[4:36], int.from_bytes(req[36:], "big")
         data = self.store.get(digest)
         if data is None:
@@ -175,6 +217,7 @@ class Puller:
                 await writer.drain()
             self.served += 1
         await writer.drain()
+        return True
 
     async def fetch(
         self,
@@ -206,19 +249,65 @@ class Puller:
 
     async def _fetch(self, peer: PeerID, digest: bytes, max_bytes: int, size: int | None) -> bytes:
         who = peer.to_base58()
+        idle = self._take_idle(peer)
+        if idle is not None:
+            try:
+                return await self._ask(peer, who, idle, digest, max_bytes, size, reused=True)
+            except _Stale:
+                pass
         try:
             control = self.host.control_path
-            reader, writer = await open_stream(control, peer, self.protocol, self.host.config.call_timeout_s)
+            stream = await open_stream(control, peer, self.protocol, self.host.config.call_timeout_s)
         except Exception as e:
             raise PullError(f"cannot open a pull stream to {who}: {e}") from e
+        self.streams_opened += 1
+        return await self._ask(peer, who, stream, digest, max_bytes, size, reused=False)
+
+    def _take_idle(self, peer: PeerID) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """An open idle stream to ``peer`` young enough to reuse (older or ended ones are closed)."""
+        streams = self._idle.get(peer.to_bytes())
+        now = time.monotonic()
+        while streams:
+            since, reader, writer = streams.pop()
+            if now - since < _REUSE_FOR_S and not reader.at_eof() and not writer.is_closing():
+                return reader, writer
+            writer.close()
+        return None
+
+    def _put_idle(self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        streams = self._idle.setdefault(peer.to_bytes(), [])
+        if len(streams) >= _MAX_IDLE_PER_PEER:
+            writer.close()
+            return
+        streams.append((time.monotonic(), reader, writer))
+
+    async def _ask(
+        self,
+        peer: PeerID,
+        who: str,
+        stream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+        digest: bytes,
+        max_bytes: int,
+        size: int | None,
+        *,
+        reused: bool,
+    ) -> bytes:
+        """One request on ``stream``; it goes back to the idle pool after a clean answer (when
+        ``reuse_streams``), else it is closed. Raises ``_Stale`` when a reused stream had ended."""
+        reader, writer = stream
+        clean = False
         try:
             request = encode_request(digest, max_bytes)
             self.bandwidth.sent(len(request))
-            writer.write(request)
-            await writer.drain()
             try:
+                writer.write(request)
+                await writer.drain()
                 head = await reader.readexactly(9)
-            except asyncio.IncompleteReadError:
+            except (asyncio.IncompleteReadError, ConnectionError) as e:
+                if reused and not (isinstance(e, asyncio.IncompleteReadError) and e.partial):
+                    raise _Stale from None
+                if isinstance(e, ConnectionError):
+                    raise PullError(f"pull stream to {who} failed: {e!r}") from None
                 raise Rejected(RejectCode.TRUNCATED, "pull response header", peer_id=who) from None
             self.bandwidth.received(len(head))
             status, declared = head[0], int.from_bytes(head[1:], "big")
@@ -234,9 +323,14 @@ class Puller:
                 raise Rejected(
                     RejectCode.MALFORMED, f"declared {declared} bytes, announced {size}", peer_id=who
                 )
-            return await self._read_body(reader, declared, digest, who)
+            data = await self._read_body(reader, declared, digest, who)
+            clean = True
+            return data
         finally:
-            writer.close()
+            if clean and self.reuse_streams:
+                self._put_idle(peer, reader, writer)
+            else:
+                writer.close()
 
     async def _read_body(self, reader: asyncio.StreamReader, size: int, digest: bytes, who: str) -> bytes:
         buf, hasher = bytearray(), hashlib.sha256()

@@ -55,7 +55,7 @@ class Swarm:
         try:
             members = await Membership.create(host, identity, membership, bootstrap=config.bootstrap)
             try:
-                puller = await Puller.create(host, store, bw)
+                puller = await Puller.create(host, store, bw, reuse_streams=True)
             except BaseException:
                 await members.close(leave=False)
                 raise

@@ -24,7 +24,7 @@ from distronet.node.budget import EXACT, Bandwidth
 from distronet.node.swarm.errors import DaemonError, GossipError, PullError
 from distronet.node.swarm.membership import MembershipConfig
 from distronet.node.swarm.p2p import SwarmConfig, SwarmHost
-from distronet.node.swarm.pull import Puller, encode_response_header
+from distronet.node.swarm.pull import Puller, _Stale, encode_response_header
 from distronet.node.swarm.stack import Swarm
 from distronet.protocol.errors import ConfigError, RejectCode, Rejected
 from distronet.protocol.identity import Identity
@@ -166,6 +166,35 @@ async def test_payload_pulled_from_producer_then_from_a_peer_within_budget(nodes
     assert got_c == payload
     assert a.puller.served == served_before + 1
     assert b.puller.served == 1
+
+
+async def test_pulls_reuse_one_stream_and_survive_its_close(nodes: list[Swarm]) -> None:
+    """Several pulls from one peer go over one stream; when the server side closes it while idle,
+    the next pull notices before any answer byte and succeeds on a new stream."""
+    a, b, _ = nodes
+    blobs = [os.urandom(30_000) for _ in range(4)]
+    digests = [a.puller.store.put(x, step=9) for x in blobs]
+    opened = b.puller.streams_opened
+    for digest, blob in zip(digests[:3], blobs[:3], strict=True):
+        assert await b.puller.fetch(a.host.peer_id, digest, max_bytes=2**20, timeout=10.0) == blob
+    assert b.puller.streams_opened <= opened + 1  # B may still hold an idle stream to A from above
+    opened = b.puller.streams_opened
+    [(_, _, writer)] = b.puller._idle[a.host.peer_id.to_bytes()]
+    writer.close()  # as if the other side had gone: the idle stream is dead
+    a.puller.idle_timeout_s = 0.2  # from the next answer on, A closes a stream idle this long
+    try:
+        assert await b.puller.fetch(a.host.peer_id, digests[3], max_bytes=2**20, timeout=10.0) == blobs[3]
+        assert b.puller.streams_opened == opened + 1
+        # a pull on the stream A closed meanwhile is "stale": fetch retries it on a new stream
+        [(_, reader, writer)] = b.puller._idle[a.host.peer_id.to_bytes()]
+        deadline = time.monotonic() + 10.0
+        while not reader.at_eof():
+            assert time.monotonic() < deadline, "A never closed the idle stream"
+            await asyncio.sleep(0.05)
+        with pytest.raises(_Stale):
+            await b.puller._ask(a.host.peer_id, "a", (reader, writer), digests[0], 2**20, None, reused=True)
+    finally:
+        a.puller.idle_timeout_s = 60.0
 
 
 async def test_missing_and_oversize_payloads_get_typed_errors(nodes: list[Swarm]) -> None:

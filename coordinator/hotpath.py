@@ -85,6 +85,26 @@ def _answer(status: int, payload: bytes, extra: bytes) -> bytes:
     )
 
 
+_HEARTBEAT_KEYS = frozenset(("renewed", "peers_live", "step"))
+_COMPLETE_KEYS = frozenset(("unit", "credited", "tokens"))
+
+
+def _encode_answer(obj: Any) -> bytes:
+    """``obj`` as compact JSON, like :func:`encode_json`; the heartbeat and completion answers
+    (most hot calls; ints and a bool only) by one %-format instead of the JSON encoder."""
+    if type(obj) is dict and len(obj) == 3:
+        keys = obj.keys()
+        if keys == _HEARTBEAT_KEYS:
+            r, p, s = obj["renewed"], obj["peers_live"], obj["step"]
+            if type(r) is int and type(p) is int and type(s) is int:
+                return b'{"renewed":%d,"peers_live":%d,"step":%d}' % (r, p, s)
+        elif keys == _COMPLETE_KEYS:
+            u, c, t = obj["unit"], obj["credited"], obj["tokens"]
+            if type(u) is int and type(c) is bool and type(t) is int:
+                return b'{"unit":%d,"credited":%s,"tokens":%d}' % (u, b"true" if c else b"false", t)
+    return encode_json(obj).encode()
+
+
 class _Head:
     """A parsed hot request head."""
 
@@ -265,7 +285,7 @@ class HotProtocol(asyncio.Protocol):
                     raise ApiError(ApiErrorCode.UNSUPPORTED_MEDIA, "send the body as application/json")
             parsed = route.schema.validate(parse_json(body))  # type: ignore[union-attr]
             status, obj = op(app, Ctx(None, head.params, parsed, peer))
-            payload = encode_json(obj).encode()
+            payload = _encode_answer(obj)
             if TRACE.on:
                 head.trace = [self.recv, t0, time.perf_counter(), app.committer.batch_of_waiter()]
             waits = app.committer.when_durable(committed)

@@ -63,12 +63,31 @@ def _upsert_rows_sql(table: str, rows: int) -> str:
     return f"{head} VALUES {', '.join([marks + ')'] * rows)} {rest}"
 
 
+def _padded(n: int) -> int:
+    """The statement size used for ``n`` rows: the smallest of 1, 2, 3, 4, 5, 6, 7, 8, 10, 12,
+    14, 16, 20, 24, 28, 32, ... (four sizes per doubling) that holds them."""
+    if n <= 8:
+        return n
+    step = 1 << (n.bit_length() - 3)  # a quarter of the power of two at or below n
+    return -(-n // step) * step
+
+
 def _upserts(table: str, rows: list[tuple[object, ...]]) -> Iterator[tuple[str, list[object]]]:
-    """(SQL, flat parameters) statements that upsert ``rows`` (a batch holds one row per key)."""
+    """(SQL, flat parameters) statements that upsert ``rows`` (a batch holds one row per key).
+
+    A statement's row count is padded up to a few fixed sizes (at most a quarter more rows) by
+    repeating the last row, which upserts the same values twice (a no-op): statement texts then
+    repeat and stay prepared, where a backlog of an odd size otherwise compiled a new statement of
+    hundreds of placeholders in the middle of the commit it delayed.
+    """
     per = max(1, _MAX_VALUES // len(TABLES[table][0]))
     for i in range(0, len(rows), per):
         chunk = rows[i : i + per]
-        yield _upsert_rows_sql(table, len(chunk)), [v for row in chunk for v in row]
+        size = min(per, _padded(len(chunk)))
+        params = [v for row in chunk for v in row]
+        if size > len(chunk):
+            params.extend(chunk[-1] * (size - len(chunk)))
+        yield _upsert_rows_sql(table, size), params
 
 
 @contextlib.contextmanager

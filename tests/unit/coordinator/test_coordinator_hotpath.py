@@ -242,3 +242,21 @@ async def test_a_request_fed_byte_by_byte_is_answered_once(tmp_path: Path) -> No
         answers = bytes(t.out).split(b"HTTP/1.1 ")[1:]
         assert [a[:3] for a in answers] == [b"200", b"200"] and not t.closed
         assert answers[1].endswith(b'{"renewed":0,"peers_live":1,"step":3}')
+
+
+def test_hot_answers_encode_as_the_json_encoder_does() -> None:
+    import json
+
+    from distronet.coordinator.hotpath import _encode_answer
+
+    for obj in (
+        {"renewed": 2, "peers_live": 250, "step": 2**53},
+        {"unit": 7, "credited": True, "tokens": 65536},
+        {"unit": 7, "credited": False, "tokens": 0},
+        {"unit": 7, "credited": 1, "tokens": 0},  # not a bool: the general encoder
+        {"renewed": True, "peers_live": 1, "step": 0},  # not an int: the general encoder
+        {"unit": 7, "expires_at": 1764480000.125},
+        {"leases": [], "held": 0, "exhausted": False, "max_leases": 1},
+    ):
+        assert json.loads(_encode_answer(obj)) == obj
+        assert _encode_answer(obj) == json.dumps(obj, separators=(",", ":")).encode()

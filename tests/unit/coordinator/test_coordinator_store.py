@@ -108,3 +108,29 @@ async def test_sqlite_file_is_wal_and_upgrades_an_old_schema(tmp_path: Path) -> 
     names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
     assert "units_by_state" in names
     conn.close()
+
+
+async def test_sqlite_upserts_padded_to_few_statement_sizes_write_exactly_the_batch(tmp_path: Path) -> None:
+    from distronet.coordinator.store.sqlite import _padded, _upserts
+
+    assert len({_padded(n) for n in range(1, 3277)}) < 60
+    assert all(n <= _padded(n) <= n * 1.25 + 1 for n in range(1, 5000))
+    store = open_store(f"sqlite:///{tmp_path / 'pad.db'}")
+    await store.open()
+    for n in (9, 17, 138, 3300):  # odd sizes: padded with a repeat of the last row
+        b = Batch()
+        for i in range(n):
+            b.put("units", _unit(i, 1, f"t{n}"))
+            b.put("receipts", ("r1", "p", i, "a", f"h{n}", 1.0))  # insert-once rows: padded too
+        if n < 3276:
+            [(_sql, params)] = _upserts("units", b.ordered()[0][1])
+            assert len(params) == _padded(n) * 10
+        await store.commit(b)
+    await store.close()
+    with sqlite3.connect(tmp_path / "pad.db") as conn:
+        units = conn.execute("SELECT unit, lease_token FROM units ORDER BY unit").fetchall()
+        receipts = conn.execute("SELECT step, payload_sha256 FROM receipts ORDER BY step").fetchall()
+    assert units == [(i, "t3300") for i in range(3300)]
+    assert [s for s, _ in receipts] == list(range(3300))
+    firsts = [receipts[i][1] for i in (5, 12, 100, 200)]  # the first batch to insert a key wins
+    assert firsts == ["h9", "h17", "h138", "h3300"]

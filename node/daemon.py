@@ -11,13 +11,14 @@ the exchange and builds model + ``DistroOptimizer`` over ``SwarmExchange``, resu
 local checkpoint when one exists. ``run`` waits for ``min_peers``, leases a shard and trains:
 each step runs in a worker thread (torch never blocks the loop); heartbeats, peer discovery and
 the status line run beside it. A stop request (SIGINT/SIGTERM) lets the step in flight finish
-(at most ``shutdown_timeout_s``, else it is abandoned), checkpoints, and ``close`` leaves the run
+(within the wind-down bound below, else it is abandoned), checkpoints, and ``close`` leaves the run
 (the coordinator reissues our lease at once) and stops p2pd. Every await that crosses a process
 boundary has a deadline.
 
 Shutdown is bounded whatever the coordinator's or the peers' health: after a stop request the
-run winds down within ``shutdown_timeout_s - CLOSE_BUDGET_S`` (else the step in flight is
-abandoned and the process exits hard), and each stage of ``close`` has its own cap
+run winds down within ``shutdown_timeout_s - CLOSE_BUDGET_S`` (else whatever it is doing — the
+step in flight, a catch-up, a shard report — is abandoned, logged with the coroutine chain it
+was stuck in, and the process exits hard after ``close``), and each stage of ``close`` has its own cap
 (``CLOSE_CAPS_S``, ``CLOSE_BUDGET_S`` in all; p2pd is SIGKILLed if its stage runs out).
 ``stage`` names what shutdown is doing (logged; ``join``'s watchdog prints it with every
 thread's stack if the process is still alive past its deadline).

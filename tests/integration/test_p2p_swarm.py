@@ -145,6 +145,27 @@ async def test_announcement_from_one_node_reaches_the_others(nodes: list[Swarm])
             await sub.close()
 
 
+async def test_publishes_share_one_control_connection_and_survive_its_loss(nodes: list[Swarm]) -> None:
+    a, b, _ = nodes
+    sub = await b.gossip.subscribe(a.topic)
+    try:
+        await a.gossip.publish(a.topic, b"one")
+        kept = a.gossip._kept
+        await a.gossip.topic_peers(a.topic)
+        await a.gossip.publish(a.topic, b"two")
+        assert kept is not None and a.gossip._kept is kept  # one connection for all three calls
+        kept[1].close()  # the daemon side of it is gone: the next call goes out on a new one
+        await asyncio.sleep(0)
+        await a.gossip.publish(a.topic, b"three")
+        assert a.gossip._kept is not None and a.gossip._kept is not kept
+        got: set[bytes] = set()
+        deadline = time.monotonic() + 10.0
+        while got != {b"one", b"two", b"three"}:
+            got.add((await sub.get(timeout=max(0.1, deadline - time.monotonic()))).data)
+    finally:
+        await sub.close()
+
+
 async def test_payload_pulled_from_producer_then_from_a_peer_within_budget(nodes: list[Swarm]) -> None:
     a, b, c = nodes
     payload = os.urandom(1_500_000)

@@ -199,12 +199,15 @@ def _sift(pos: np.ndarray, src: np.ndarray, root: int, end: int) -> None:
 def _gap_body(
     buf: np.ndarray, nbits: int, p: int, n: int, k: int, cn: int, m: int, prm: np.ndarray,
     orders: np.ndarray, ptab: np.ndarray, off: int, idx: np.ndarray, perm: np.ndarray,
-    pa: np.ndarray, pb: np.ndarray, cpos: np.ndarray, csrc: np.ndarray, cnt: np.ndarray,
+    pa: np.ndarray, pb: np.ndarray, cpos: np.ndarray, csrc: np.ndarray, cnt: np.ndarray, crow: np.ndarray,
 ) -> int:  # fmt: skip
     """One gap-coded body (map ``m`` already read) from ``p``; returns its end, -1 if bad.
-    ``pa``, ``pb``, ``cpos``, ``csrc``, ``cnt``: scratch of at least n, n * (k - 1), k, k and
-    side + 1 entries."""
+    ``pa``, ``pb``, ``cpos``, ``csrc``, ``cnt``, ``crow``: scratch of at least n, n * (k - 1),
+    k, k, side + 1 and k entries."""
     b0a, wa, b0b, wb, bmax, side = prm[0], prm[1], prm[2], prm[3], prm[4], prm[5]
+    shift = -1  # block rows by a shift when the side is a power of two (a 64-bit division is slow)
+    if side > 0 and side & (side - 1) == 0:
+        shift = fixed_width_jit(side)
     na, nb = n, n * (k - 1)
     fa = p
     if wa != RICE:
@@ -254,11 +257,13 @@ def _gap_body(
             for u in range(side + 1):
                 cnt[u] = 0
             for j in range(k):
-                cnt[cpos[j] // side + 1] += 1
+                u = cpos[j] >> shift if shift >= 0 else cpos[j] // side
+                crow[j] = u
+                cnt[u + 1] += 1
             for u in range(side):
                 cnt[u + 1] += cnt[u]
             for j in range(k):
-                u = cpos[j] // side
+                u = crow[j]
                 at = base + cnt[u]
                 cnt[u] += 1
                 idx[at] = cpos[j]
@@ -371,6 +376,7 @@ def _walk(
     for g in range(prm.shape[0]):
         side_max = max(side_max, prm[g, 5])
     cnt = np.empty(side_max + 1, dtype=np.int64)
+    crow = np.empty(kmax, dtype=np.int64)
     for t in range(n.size):
         off = offsets[t]
         if mode[t] == 0:  # dense: positions 0..cn-1 in every chunk, values as sent
@@ -406,6 +412,7 @@ def _walk(
                     cpos,
                     csrc,
                     cnt,
+                    crow,
                 )
                 if p < 0:
                     return _BAD, 0, moved

@@ -19,9 +19,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import threading
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -33,6 +31,7 @@ from distronet.kernels.coding import (
     encode_payload,
     encode_tensor,
 )
+from distronet.kernels.fanout import map_in_order
 from distronet.kernels.layout import ChunkLayout, plan_layout
 from distronet.kernels.topk import topk_chunks
 from distronet.node.optim.config import DistroConfig
@@ -213,18 +212,7 @@ def open_frames(
     def one(i: int) -> FlatPayload | RejectCode:
         return _open_one(frames[i], run_id, digest, shapes, step, None if peers is None else peers[i], limits)
 
-    def stride(start: int, every: int) -> list[tuple[int, FlatPayload | RejectCode]]:
-        return [(i, one(i)) for i in range(start, n, every)]
-
-    w = max(1, min(n, _workers() if workers is None else workers))
-    if w == 1:
-        return [one(i) for i in range(n)]
-    pool = _pool(w)
-    futures = [pool.submit(stride, start, w) for start in range(1, w)]
-    out: list[FlatPayload | RejectCode | None] = [None] * n
-    for i, got in [*stride(0, w), *(x for f in futures for x in f.result())]:
-        out[i] = got
-    return [x for x in out if x is not None]
+    return map_in_order(one, n, _workers() if workers is None else workers)
 
 
 def _open_one(
@@ -249,25 +237,6 @@ def _open_one(
 
 def _workers() -> int:
     return max(1, min(torch.get_num_threads(), os.cpu_count() or 1))
-
-
-_POOL: ThreadPoolExecutor | None = None
-_POOL_SIZE = 0
-_POOL_LOCK = threading.Lock()
-
-
-def _pool(workers: int) -> ThreadPoolExecutor:
-    """A process-wide pool with at least ``workers - 1`` threads (the caller works too)."""
-    global _POOL, _POOL_SIZE
-    helpers = workers - 1
-    with _POOL_LOCK:
-        if _POOL is None or helpers > _POOL_SIZE:
-            old = _POOL
-            _POOL = ThreadPoolExecutor(max_workers=helpers, thread_name_prefix="open-frames")
-            _POOL_SIZE = helpers
-            if old is not None:
-                old.shutdown(wait=False)
-        return _POOL
 
 
 def open_round(

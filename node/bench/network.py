@@ -4,7 +4,8 @@ Three measurements in one run (:mod:`distronet.node.bench.network_run`):
 
 1. **compute-only**: ``--nodes`` processes train the run's model side by side with no network
    (same model, optimizer, overlap and one torch thread each), before and after step 2;
-   the median step rate of all of them.
+   the median step rate of all of them. The processes time the same window (a barrier after
+   their warm-up; each keeps training until all are done), as the swarm's nodes do.
 2. **shaped**: ``--nodes`` real ``distro-node join`` processes, each in its own network
    namespace on a veth shaped with tc (``--link-up``/``--link-down``, netem delay where the
    kernel has it), with budgets ``--up``/``--down`` and overlap on; each node's step rate over
@@ -221,7 +222,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--nodes", type=int, default=4, help="nodes (default 4)")
-    p.add_argument("--steps", type=int, default=15, help="timed steps (default 15)")
+    p.add_argument("--steps", type=int, default=30, help="timed steps (default 30)")
     p.add_argument("--warmup", type=int, default=4, help="steps before timing starts (default 4)")
     p.add_argument("--up", default="4mbit", help="each node's upload budget (default 4mbit)")
     p.add_argument("--down", default="20mbit", help="each node's download budget (default 20mbit)")

@@ -12,12 +12,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
+import queue
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -55,39 +59,105 @@ def compute_only(
 ) -> list[ComputeResult]:
     """Each of ``n`` concurrent compute-only processes' rate and CPU per step, one torch thread each.
 
-    Raises SwarmFailure when a process fails or runs past a generous deadline.
+    The processes time their steps between one ``go`` and one ``stop`` (``network_compute``'s
+    barrier), so every timed step runs beside ``n - 1`` others training — as a swarm's nodes do —
+    and none beside one still starting up or already done. Raises SwarmFailure when a process
+    fails or runs past a generous deadline.
     """
-    arg = {"model": model, "optimizer": optimizer, "steps": steps, "warmup": warmup, "threads": 1}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "distronet.node.bench.network_compute", json.dumps({**arg, "peer": i})],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        for i in range(n)
-    ]
-    out: list[ComputeResult] = []
-    try:
-        for p in procs:
-            raw, err = p.communicate(timeout=600)
-            if p.returncode != 0:
-                raise SwarmFailure(f"compute-only worker failed: {err.decode(errors='replace')[-500:]}")
-            doc = json.loads(raw.decode().strip().splitlines()[-1])
-            out.append(
-                ComputeResult(
-                    float(doc["steps_per_s"]),
-                    float(doc["cpu_s_per_step"]),
-                    float(doc["optimizer_cpu_s_per_step"]),
-                )
+    arg = {
+        "model": model,
+        "optimizer": optimizer,
+        "steps": steps,
+        "warmup": warmup,
+        "threads": 1,
+        "barrier": True,
+    }
+    deadline = time.monotonic() + 600.0
+    with contextlib.ExitStack() as stack:
+        errs = [stack.enter_context(tempfile.TemporaryFile()) for _ in range(n)]
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "distronet.node.bench.network_compute",
+                    json.dumps({**arg, "peer": i}),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=errs[i],
             )
-    except subprocess.TimeoutExpired:
-        raise SwarmFailure("compute-only workers did not finish within 600 s") from None
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
-    return out
+            for i in range(n)
+        ]
+        lines = [_LineReader(p) for p in procs]
+        try:
+            for r in lines:
+                r.expect("ready", deadline, errs)
+            for p in procs:
+                _say(p, b"go\n")
+            docs = [r.expect("steps_per_s", deadline, errs) for r in lines]
+            for p in procs:
+                _say(p, b"stop\n")
+                if p.stdin is not None:
+                    p.stdin.close()
+            for p in procs:
+                p.wait(max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise SwarmFailure("compute-only workers did not finish within 600 s") from None
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait(10)
+    return [
+        ComputeResult(
+            float(d["steps_per_s"]), float(d["cpu_s_per_step"]), float(d["optimizer_cpu_s_per_step"])
+        )
+        for d in docs
+    ]
+
+
+def _say(proc: subprocess.Popen[bytes], line: bytes) -> None:
+    with contextlib.suppress(OSError):
+        if proc.stdin is not None:
+            proc.stdin.write(line)
+            proc.stdin.flush()
+
+
+class _LineReader:
+    """JSON lines of one worker's stdout, read on a thread so waiting for one has a deadline."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.lines: queue.Queue[bytes] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            self.lines.put(raw)
+        self.lines.put(b"")
+
+    def expect(self, key: str, deadline: float, errs: list[Any]) -> dict[str, Any]:
+        """The next JSON line holding ``key``. Raises SwarmFailure when the worker ends first."""
+        while True:
+            try:
+                raw = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise subprocess.TimeoutExpired("compute-only worker", 600.0) from None
+            if not raw:
+                self.proc.wait(10)
+                err = b""
+                for f in errs:
+                    f.seek(0)
+                    err += f.read()[-400:]
+                raise SwarmFailure(
+                    f"compute-only worker failed ({self.proc.returncode}): {err.decode(errors='replace')}"
+                )
+            with contextlib.suppress(ValueError):
+                doc = json.loads(raw)
+                if isinstance(doc, dict) and key in doc:
+                    return doc
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,11 +5,12 @@ Items are claimed one at a time from a shared counter (not striped in advance), 
 gets no CPU (another thread spinning on its core, e.g. torch's OpenMP workers for a few ms after
 every parallel region) holds back at most the one item it has claimed. When nothing is left to
 claim, the caller waits for an item a helper still holds only as long as the helper would
-need if it runs at the caller's pace (the caller's own mean time per item, counted from when the
-helper claimed it), then computes the item itself: ``fn`` is pure (its result depends on its
-argument alone), so whichever copy finishes first is kept and the other is dropped. Worst case
-(helpers never run) the cost is the serial loop's plus about one item per helper; with a free
-core it is about halved.
+need at half the caller's pace (twice the caller's own mean time per item, counted from when the
+helper claimed it: a helper sharing its core with one spinning thread still delivers), then
+computes the item itself: ``fn`` is pure (its result depends on its argument alone), so
+whichever copy finishes first is kept and the other is dropped. Worst case (helpers never run)
+the cost is the serial loop's plus about two items per helper; with a free core it is about
+halved.
 
 Results are returned in index order and are the same for any number of helpers. An exception
 raised by ``fn`` on the caller's thread propagates; one raised on a helper is dropped and the
@@ -27,6 +28,7 @@ from typing import Generic, TypeVar
 __all__ = ["map_in_order"]
 
 T = TypeVar("T")
+_PATIENCE = 2.0  # how many of the caller's own item times it gives a helper's item (module doc)
 
 _POOL: ThreadPoolExecutor | None = None
 _POOL_SIZE = 0
@@ -90,13 +92,13 @@ class _Job(Generic[T]):
         while (i := self.claim()) >= 0:
             self.put(i, self.fn(i))
             mine += 1
-        per_item = (time.perf_counter() - t0) / mine if mine else 0.0
+        patience = _PATIENCE * (time.perf_counter() - t0) / mine if mine else 0.0
         with self.lock:
             self.closed = True
             missing = [i for i in range(self.n) if not self.done[i]]
         for i in missing:
             with self.lock:
-                until = self.claimed_at[i] + per_item
+                until = self.claimed_at[i] + patience
                 while not self.done[i] and (left := until - time.perf_counter()) > 0:
                     self.changed.wait(timeout=left)
                 if self.done[i]:

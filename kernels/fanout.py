@@ -1,4 +1,4 @@
-"""Run a pure function over ``0..n-1`` on the caller's thread plus helpers; the caller never waits.
+"""Run a pure function over ``0..n-1`` on the caller's thread plus helpers, never waiting long on one.
 
 :func:`map_in_order` is how a round's frames are opened on a few threads (``open_frames``).
 Items are claimed one at a time from a shared counter (not striped in advance), so a helper that

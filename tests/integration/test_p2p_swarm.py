@@ -149,11 +149,15 @@ async def test_publishes_share_one_control_connection_and_survive_its_loss(nodes
     a, b, _ = nodes
     sub = await b.gossip.subscribe(a.topic)
     try:
-        await a.gossip.publish(a.topic, b"one")
+
+        async def a_sees_b() -> bool:
+            return b.host.peer_id in await a.gossip.topic_peers(a.topic)
+
+        await eventually(a_sees_b, 10.0, "B's subscription to reach A")
         kept = a.gossip._kept
-        await a.gossip.topic_peers(a.topic)
+        await a.gossip.publish(a.topic, b"one")
         await a.gossip.publish(a.topic, b"two")
-        assert kept is not None and a.gossip._kept is kept  # one connection for all three calls
+        assert kept is not None and a.gossip._kept is kept  # one connection for every call
         kept[1].close()  # the daemon side of it is gone: the next call goes out on a new one
         await asyncio.sleep(0)
         await a.gossip.publish(a.topic, b"three")

@@ -57,6 +57,15 @@ class _Stale(Exception):
     """A reused stream was closed by the other side before it answered: retry on a new one."""
 
 
+def _observe(task: asyncio.Future[bytes]) -> None:
+    """Mark a finished fetch's exception as seen. When the pull waiting on it is cancelled just
+    as the fetch fails (a round's other frame failed first and ``gather`` cancels the rest),
+    ``wait_for`` drops the fetch without reading its error, and asyncio would log "Task
+    exception was never retrieved" for an error the round has already handled."""
+    if not task.cancelled():
+        task.exception()
+
+
 def encode_request(digest: bytes, max_bytes: int) -> bytes:
     return _MAGIC + digest + max_bytes.to_bytes(8, "big")
 
@@ -240,8 +249,10 @@ class Puller:
         have = self.store.get(digest)
         if have is not None:
             return have
+        fetch = asyncio.ensure_future(self._fetch(peer, digest, max_bytes, size))
+        fetch.add_done_callback(_observe)
         try:
-            data = await asyncio.wait_for(self._fetch(peer, digest, max_bytes, size), timeout)
+            data = await asyncio.wait_for(fetch, timeout)
         except asyncio.TimeoutError:
             raise PullTimeout(f"pull of {digest.hex()[:16]} from {peer} took over {timeout:.2f} s") from None
         self.store.put(data, step)

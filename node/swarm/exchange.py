@@ -41,7 +41,8 @@ counts such a producer as live (``warmup_heard``) but neither pulls its frame no
 leaders leave warm-up frames out of their manifest, so the accepted set — and the update every
 replica applies — is the same everywhere. The masked replica's optimizer sees its packet not
 accepted and keeps what it sent in its momentum (error feedback), which is its warm-up. Only when
-every producer of a round is warming up are their packets taken as they are.
+every producer of a round is warming up, and no recent producer is still unheard, are their
+packets taken as they are.
 
 **Falling behind.** A replica that was paused (SIGSTOP, a laptop lid) wakes up rounds behind the
 swarm: its next round has no other producer while valid announcements of its peers are for steps
@@ -89,6 +90,7 @@ __all__ = [
     "ExchangeConfig",
     "FellBehind",
     "manifest_topic",
+    "may_lead",
 ]
 
 log = logging.getLogger(__name__)
@@ -146,6 +148,14 @@ class _RoundState:
     deciding: asyncio.Task[Round] | None = None
     sealed: bytes | None = None  # the manifest we signed for this step, served on request
     decided: Round | None = None
+
+
+def may_lead(producers: set[bytes], warm: set[bytes], unheard: set[bytes]) -> set[bytes]:
+    """The producers heard this round that may lead it: those not warming up; when every one
+    heard is warming up, all of them (their packets are then taken as they are) — but only while
+    no recent producer is unheard: a replica just back from a pause hears its peers late, and
+    would otherwise lead a round of its own warm-up packet alone (seen in chaos 3)."""
+    return (producers - warm) or (set() if unheard else set(producers))
 
 
 class AsyncSwarmExchange:
@@ -435,8 +445,8 @@ class AsyncSwarmExchange:
         producers = set(state.announced) | set(state.frames)
         if producers <= {self.peer_id}:
             self._check_behind(step)
-        eligible = (producers - state.warm) or producers  # all warming up: take them as they are
         unheard = self._recent_producers(step) - producers - state.warm
+        eligible = may_lead(producers, state.warm, unheard)
         ranked = sorted(eligible | unheard, key=lambda p: leader_rank(step, p))
         if self.peer_id in eligible:
             self._spawn(self._lead(step, state, ranked.index(self.peer_id)))

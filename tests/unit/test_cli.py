@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
 
-from distronet.node.cli import build_parser
+from distronet.node.cli import GOMP_SPINCOUNT, build_parser, main
 
 
 def test_every_subcommand_is_registered() -> None:
@@ -22,3 +23,16 @@ def test_console_script_help(module: str) -> None:
     out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "usage" in out.stdout
+
+
+@pytest.mark.parametrize(("preset", "expected"), [(None, GOMP_SPINCOUNT), ("5", "5")])
+def test_main_sets_the_openmp_spin_count_unless_given(
+    monkeypatch: pytest.MonkeyPatch, preset: str | None, expected: str
+) -> None:
+    if preset is None:
+        monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    else:
+        monkeypatch.setenv("GOMP_SPINCOUNT", preset)
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert os.environ["GOMP_SPINCOUNT"] == expected

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from distronet.node import node_parts as parts
 from distronet.node.backends import pick_backend
+from distronet.node.batch_share import SharedFeed
 from distronet.node.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from distronet.node.config import NodeConfig
 from distronet.node.coordinator_client import (
@@ -64,7 +65,7 @@ from distronet.node.swarm.exchange_sync import SwarmExchange
 from distronet.node.swarm.stack import Swarm
 from distronet.node.swarm.statesync import NoNewerState, StateDonor, fetch_state
 from distronet.node.sync import load_state_blob, state_blob
-from distronet.node.trainer import ModelSpec, Trainer
+from distronet.node.trainer import BatchSource, ModelSpec, Trainer
 from distronet.protocol.errors import ConfigError, DistroError
 
 if TYPE_CHECKING:
@@ -255,6 +256,19 @@ class Node:
         await self.client.heartbeat(0, multiaddrs=self.maddrs)
         self._build_training(spec, dcfg)
 
+    def _batches(self, spec: ModelSpec) -> BatchSource:
+        """The trainer's batch source: the leased shard's ``batch`` windows a step, or — when the
+        run sets ``global_batch`` — this node's share of it among the last applied round's
+        accepted peers (the same set on every replica), so survivors take over a dead peer's."""
+        if not spec.global_batch:
+            return self.feed
+
+        def live() -> tuple[Sequence[bytes], bytes]:
+            reports = self.optimizer.reports
+            return (reports[-1].accepted if reports else ()), self.identity.peer_id
+
+        return SharedFeed(self.feed.draw, spec.global_batch, live)
+
     def _build_training(self, spec: ModelSpec, dcfg: Any) -> None:
         cfg = self.cfg
         import torch  # the heavy import, once the cheap checks have passed
@@ -269,7 +283,7 @@ class Node:
             spec.seed, parts.peer_index(self.identity.peer_id), spec.batch, spec.seq_len
         )
         self.dcfg = dcfg
-        self.trainer = Trainer(model, self.optimizer, self.feed, self.backend)
+        self.trainer = Trainer(model, self.optimizer, self._batches(spec), self.backend)
         self.status.device = self.backend.name
         self.metrics.device.labels(self.backend.name).set(1)
         log.info("computing on %s", self.backend.describe())

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from distronet.node.batch_share import draw_windows
 from distronet.node.budget import Bandwidth
 from distronet.node.config import NodeConfig
 from distronet.node.coordinator_client import Lease
@@ -216,3 +217,11 @@ class ShardFeed:
         if self._order is None:
             raise ConfigError("no shard leased yet")
         return self._order.xy(max(0, step - self._start))
+
+    def draw(self, step: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` windows of the shard's order at ``step`` (``batch_share.draw_windows``): the first
+        ``batch`` are exactly ``self(step)``, the rest the same stream read further. Raises
+        ``ConfigError`` before a shard is leased or for ``n < 1``."""
+        if self._order is None:
+            raise ConfigError("no shard leased yet")
+        return draw_windows(self._order, max(0, step - self._start), n)

@@ -1,7 +1,8 @@
 """Three real `distro-node join` processes and a real coordinator process on loopback.
 
 Steps:
- 1. write a run (tiny GPT, built-in corpus shards), start `distro-coordinator serve` (port file);
+ 1. write a run (tiny GPT with a global batch, built-in corpus shards), start
+    `distro-coordinator serve` (port file);
  2. start 3 nodes with ``--min-peers 3`` so they begin step 0 together;
  3. wait (deadline) until every node has finished step 9;
  4. the replicas are bit-identical (same parameter sha256 at the newest common step and at
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from distronet.node.demo import LocalSwarm, common_digests, write_run
+from distronet.node.demo import TINY_MODEL, LocalSwarm, common_digests, write_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -31,7 +32,10 @@ STEPS = 10
 
 
 def test_three_nodes_train_identically_and_stop_on_signals(tmp_path: Path) -> None:
-    run = write_run(tmp_path, "itest", round_deadline_s=0.5)
+    # global_batch = 3 nodes x batch: each node's share is its batch once all 3 are in rounds
+    # (the daemon's batch_share.SharedFeed path, in real processes)
+    model = {**TINY_MODEL, "global_batch": 3 * int(TINY_MODEL["batch"])}
+    run = write_run(tmp_path, "itest", round_deadline_s=0.5, model=model)
     with LocalSwarm(tmp_path, run, "itest") as swarm:
         swarm.start_coordinator()
         for _ in range(3):

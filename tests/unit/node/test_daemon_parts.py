@@ -87,3 +87,29 @@ def test_run_exchange_table_sets_the_warm_up_mask() -> None:
     assert exchange_config({"warmup_mask_steps": 5}).warmup_mask_steps == 5
     with pytest.raises(ConfigError):
         exchange_config({"warmup_mask_steps": -1})
+
+
+def test_global_batch_parses_and_is_bounded() -> None:
+    base = {"depth": 1, "width": 32, "heads": 2, "context": 16, "batch": 2, "seq_len": 16}
+    assert ModelSpec.from_run(base).global_batch == 0  # off unless the run asks
+    assert ModelSpec.from_run({**base, "global_batch": 8}).global_batch == 8
+    for bad in (1, -3, 10**6):  # below one node's batch, negative, over the limit
+        with pytest.raises(ConfigError, match="global_batch"):
+            ModelSpec.from_run({**base, "global_batch": bad})
+
+
+def test_shard_feed_draws_its_batch_then_reads_further() -> None:
+    import numpy as np
+
+    from distronet.node.coordinator_client import Lease
+    from distronet.node.node_parts import ShardFeed
+
+    feed = ShardFeed(seed=1, peer=7, batch=3, seq_len=8)
+    with pytest.raises(ConfigError, match="no shard"):
+        feed.draw(0, 5)
+    tokens = np.arange(4000, dtype=np.uint8)
+    lease = Lease(1, 0, "s0", "t", 0.0, tokens.size, tokens.size, "0" * 64, "u")
+    feed.switch(lease, tokens, at_step=10)
+    x, y = feed(12)
+    x5, y5 = feed.draw(12, 5)
+    assert x5.shape == (5, 8) and np.array_equal(x5[:3], x) and np.array_equal(y5[:3], y)

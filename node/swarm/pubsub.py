@@ -134,18 +134,24 @@ class Gossip:
         path = self._host.control_path
         return await with_deadline(asyncio.open_unix_connection(path), self._timeout, "p2pd control connect")
 
+    async def _ask(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ps: pb.PSRequest
+    ) -> pb.Response:
+        """Send one pubsub request on a control connection and read its response, each within
+        the call timeout. Raises DaemonError (p2pd silent) or what the connection raises."""
+        await with_deadline(
+            write_delimited(writer, pb.Request(type=pb.Request.PUBSUB, pubsub=ps)), self._timeout, "pubsub"
+        )
+        resp = pb.Response()
+        await with_deadline(read_delimited(reader, resp), self._timeout, "pubsub response")
+        return resp
+
     async def _request(
         self, ps: pb.PSRequest, *, keep_open: bool = False
     ) -> tuple[pb.Response, asyncio.StreamReader, asyncio.StreamWriter]:
         reader, writer = await self._open()
         try:
-            await with_deadline(
-                write_delimited(writer, pb.Request(type=pb.Request.PUBSUB, pubsub=ps)),
-                self._timeout,
-                "pubsub",
-            )
-            resp = pb.Response()
-            await with_deadline(read_delimited(reader, resp), self._timeout, "pubsub response")
+            resp = await self._ask(reader, writer, ps)
         except BaseException:
             writer.close()
             raise
@@ -165,15 +171,8 @@ class Gossip:
                 fresh = self._kept is None
                 if self._kept is None:
                     self._kept = await self._open()
-                reader, writer = self._kept
                 try:
-                    await with_deadline(
-                        write_delimited(writer, pb.Request(type=pb.Request.PUBSUB, pubsub=ps)),
-                        self._timeout,
-                        "pubsub",
-                    )
-                    resp = pb.Response()
-                    await with_deadline(read_delimited(reader, resp), self._timeout, "pubsub response")
+                    resp = await self._ask(*self._kept, ps)
                 except BaseException as e:
                     self._drop_kept()
                     if fresh or attempt or not isinstance(e, (ConnectionError, asyncio.IncompleteReadError)):

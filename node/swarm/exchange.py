@@ -17,18 +17,17 @@ A round's life at one replica (step ``t``):
    better-ranked manifest has already arrived.
 4. Every replica adopts the best-ranked valid manifest it receives (at once if it comes from the
    top-ranked producer it knows; else, by ``manifest_wait_s``, it first asks better-ranked
-   producers for their manifest directly over ``MANIFEST_PULL_PROTOCOL`` — gossip may have lost
-   it — then takes the best one), pulls any frame it lacks from the producer, the leader or
-   another listed peer, and returns the ``Round``.
+   producers for their manifest directly (``manifest_ask``) — gossip may have lost it — then
+   takes the best one), pulls any frame it lacks from the producer, the leader or another
+   listed peer, and returns the ``Round``.
 
 **Who may lead.** The producers a replica "knows" for step ``t`` are those it heard in ``t``
 *and* every producer it heard in ``t - 1`` or ``t - 2`` (announcements that came after those
 rounds froze included). Without the second part, a replica whose deadline passed before a slow
 producer's announcement arrived ranked only the producers it had heard, adopted the best of
 their manifests at once — while the slow producer, ranking itself first, sealed and applied its
-own manifest with one packet more: two accepted sets for one step (seen in shaped netns runs,
-repaired later by the drift check). Now every replica waits for (or asks) a recent producer
-that ranks above the manifest it holds, so all adopt the same one.
+own manifest with one packet more: two accepted sets for one step (seen in shaped runs). Now
+every replica waits for (or asks) a recent producer ranked above the manifest it holds.
 
 Replicas that saw the same manifests apply byte-identical accepted sets; one that did not get
 the best-ranked leader's manifest within ``manifest_wait_s`` (nor by asking it) can still
@@ -56,14 +55,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import struct
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
-
-from hivemind.p2p import PeerID
+from typing import Any
 
 from distronet.node.exchange.base import (
     ExchangeError,
@@ -72,10 +68,18 @@ from distronet.node.exchange.base import (
     Round,
     RoundUnavailable,
 )
-from distronet.node.swarm.control import open_stream, peer_id
+from distronet.node.swarm.control import peer_id
 from distronet.node.swarm.errors import PullError, SwarmError
 from distronet.node.swarm.holdback import HoldBack
-from distronet.node.swarm.manifest import Entry, RoundManifest, leader_rank, open_manifest, seal_manifest
+from distronet.node.swarm.manifest import (
+    Entry,
+    RoundManifest,
+    leader_rank,
+    may_lead,
+    open_manifest,
+    seal_manifest,
+)
+from distronet.node.swarm.manifest_ask import MANIFEST_PULL_PROTOCOL, request_manifest, serve_manifest_request
 from distronet.node.swarm.p2p import with_deadline
 from distronet.node.swarm.pubsub import Gossip, Subscription
 from distronet.node.swarm.stack import Swarm
@@ -90,15 +94,9 @@ __all__ = [
     "ExchangeConfig",
     "FellBehind",
     "manifest_topic",
-    "may_lead",
 ]
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-
-
-MANIFEST_PULL_PROTOCOL = "/distronet/manifest/1"
-_MAX_MANIFEST_BYTES = 64 * 1024
 
 
 def manifest_topic(run_id: str) -> str:
@@ -148,14 +146,6 @@ class _RoundState:
     deciding: asyncio.Task[Round] | None = None
     sealed: bytes | None = None  # the manifest we signed for this step, served on request
     decided: Round | None = None
-
-
-def may_lead(producers: set[bytes], warm: set[bytes], unheard: set[bytes]) -> set[bytes]:
-    """The producers heard this round that may lead it: those not warming up; when every one
-    heard is warming up, all of them (their packets are then taken as they are) — but only while
-    no recent producer is unheard: a replica just back from a pause hears its peers late, and
-    would otherwise lead a round of its own warm-up packet alone (seen in chaos 3)."""
-    return (producers - warm) or (set() if unheard else set(producers))
 
 
 class AsyncSwarmExchange:
@@ -533,8 +523,8 @@ class AsyncSwarmExchange:
         best = min((m.rank for m in state.manifests.values()), default=None)
         better = [p for p in ranked if p != self.peer_id and (best is None or leader_rank(step, p) < best)]
         for peer in better[:tries]:
-            data = await self._request_manifest(
-                peer_id(peer), step, min(2.0, 4 * self.config.manifest_grace_s)
+            data = await request_manifest(
+                self.swarm.host.control_path, peer_id(peer), step, min(2.0, 4 * self.config.manifest_grace_s)
             )
             if data is None:
                 continue
@@ -546,38 +536,14 @@ class AsyncSwarmExchange:
             if peer in state.manifests:
                 return
 
-    async def _request_manifest(self, peer: PeerID, step: int, timeout: float) -> bytes | None:
-        async def ask() -> bytes | None:
-            control = self.swarm.host.control_path
-            reader, writer = await open_stream(control, peer, MANIFEST_PULL_PROTOCOL, timeout)
-            try:
-                writer.write(b"DNM?" + struct.pack(">Q", step))
-                await writer.drain()
-                (n,) = struct.unpack(">I", await reader.readexactly(4))
-                if n == 0 or n > _MAX_MANIFEST_BYTES:
-                    return None
-                return await reader.readexactly(n)
-            finally:
-                writer.close()
-
-        try:
-            return await asyncio.wait_for(ask(), timeout)
-        except Exception:  # dead, unreachable or silent: no manifest from this one
-            return None
-
     async def _serve_manifest(
         self, _info: object, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        try:
-            req = await asyncio.wait_for(reader.readexactly(12), 10.0)
-            state = self._rounds.get(struct.unpack(">Q", req[4:])[0]) if req[:4] == b"DNM?" else None
-            data = b"" if state is None or state.sealed is None else state.sealed
-            writer.write(struct.pack(">I", len(data)) + data)
-            await asyncio.wait_for(writer.drain(), 10.0)
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
+        def sealed(step: int) -> bytes | None:
+            state = self._rounds.get(step)
+            return None if state is None else state.sealed
+
+        await serve_manifest_request(reader, writer, sealed)
 
     async def _fill(self, step: int, state: _RoundState, manifest: RoundManifest) -> Round:
         """The manifest's frames: held ones as they are, the rest pulled concurrently by hash."""

@@ -30,7 +30,7 @@ from distronet.protocol.identity import (
     verify,
 )
 
-__all__ = ["RoundManifest", "leader_rank", "open_manifest", "seal_manifest"]
+__all__ = ["RoundManifest", "leader_rank", "may_lead", "open_manifest", "seal_manifest"]
 
 MANIFEST_VERSION = 1
 _DOMAIN = b"distronet/manifest/v1\x00"
@@ -42,6 +42,14 @@ Entry = tuple[bytes, bytes, int]  # producer peer id, sha256 of its frame, frame
 def leader_rank(step: int, peer_id: bytes) -> bytes:
     """Sort key of ``peer_id`` for leading ``step`` (lowest leads); rotates leaders per step."""
     return hashlib.sha256(b"distronet/leader\x00" + struct.pack(">Q", step) + peer_id).digest()
+
+
+def may_lead(producers: set[bytes], warm: set[bytes], unheard: set[bytes]) -> set[bytes]:
+    """The producers heard this round that may lead it: those not warming up; when every one
+    heard is warming up, all of them (their packets are then taken as they are) — but only while
+    no recent producer is unheard: a replica just back from a pause hears its peers late, and
+    would otherwise lead a round of its own warm-up packet alone (seen in chaos 3)."""
+    return (producers - warm) or (set() if unheard else set(producers))
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ One step ``t`` (ARCHITECTURE.md §3), per parameter, momentum kept in DCT coeffi
     send = quantise(top-k per chunk of m̂)  → sealed packet for step t → exchange.publish
     m̂ ← m̂ − dequantised(send)            (exact error feedback, quantisation error included)
     round = exchange.collect(t)            (accepted set, identical on every replica)
-    D = IDCT(Σ_peers parts, peer-id order) / n_accepted      (one scatter, ONE inverse)
+    D = IDCT(Σ_peers parts, peer-id order) / n_accepted      (aggregate.round_sums: one scatter
+                                            per packet, ONE inverse per block shape, all tensors)
     θ ← θ·(1 − lr·λ) − lr·rule(D)          (decoupled weight decay; rule: sign / RMS / ortho)
 
 Determinism: every replica decodes the same frames, sums them in ascending peer-id order and
@@ -47,11 +48,11 @@ from torch import nn
 from distronet.kernels.dct import dct_chunks
 from distronet.kernels.decode import decode_sum
 from distronet.node.exchange.base import Exchange, Round
+from distronet.node.optim.aggregate import round_sums
 from distronet.node.optim.config import DistroConfig, UpdateRule, lr_at
 from distronet.node.optim.overlap_eager import EagerBase
 from distronet.node.optim.packets import (
     DecodeCache,
-    DecodedRound,
     SentTensor,
     TensorPlan,
     build_packet,
@@ -242,20 +243,16 @@ class DistroOptimizer(torch.optim.Optimizer):
         self,
         plan: TensorPlan,
         p: torch.Tensor,
-        dec: DecodedRound,
         shared: dict[tuple[int, str], torch.Tensor],
     ) -> torch.Tensor:
-        """This round's update of ``p`` (read-only: it may be shared with other in-process replicas).
+        """This round's update of ``p`` (read-only: it may be shared with other in-process replicas)
+        from its mean aggregate ``shared[(tensor id, "d")]``.
 
         The aggregate and a stateless rule's direction are pure functions of the round's frames,
         so replicas sharing a ``DecodeCache`` compute them once (bit-identical either way).
         """
         tid = plan.tensor_id
-        d = shared.get((tid, "d"))
-        if d is None:
-            parts = dec.parts[tid]
-            d = decode_sum(plan.layout, parts, dtype=torch.float32, device=p.device).div_(len(dec.peers))
-            shared[(tid, "d")] = d
+        d = shared[(tid, "d")]
         key = (tid, "u")
         if self.cfg.outer_momentum:  # the rule reads this replica's outer buffer: not shared
             return self._direction(plan, p, self._outer(p, d)).to(p.dtype)
@@ -331,11 +328,14 @@ class DistroOptimizer(torch.optim.Optimizer):
         shared = (
             self.decode_cache.round_tensors(dec.key) if (self.decode_cache is not None and dec.key) else {}
         )
+        if n and any((plan.tensor_id, "d") not in shared for plan in self.plans):  # the whole round at once
+            for plan, d in zip(self.plans, round_sums(dec, self.plans, device), strict=True):
+                shared[(plan.tensor_id, "d")] = d.div_(n)
         applied: list[torch.Tensor] = []
         for plan, p in zip(self.plans, self._params, strict=True):
             base = self.state[p]["consensus"] if cfg.overlap else p
             if n:
-                u = self._update(plan, p, dec, shared)
+                u = self._update(plan, p, shared)
                 if cfg.weight_decay:
                     base.mul_(1.0 - lr * cfg.weight_decay)
                 base.add_(u, alpha=-lr)

@@ -1,10 +1,12 @@
-"""From momentum to a sealed packet and from a round of packets to per-tensor parts.
+"""From momentum to a sealed packet and from a round of packets to its decoded payloads.
 
 ``TensorPlan`` fixes, per parameter, its tensor id (position in the run's layout), chunk layout
 and whether it travels dense. ``build_packet`` extracts the top-k of each tensor's coefficient-
 space momentum, codes it, and returns the sealed frame plus the dequantised values that were sent
 (for exact error feedback). ``open_round`` verifies and decodes a round's frames, in ascending
-peer-id order, skipping (deterministically: every replica skips the same ones) frames that fail.
+peer-id order, skipping (deterministically: every replica skips the same ones) frames that fail;
+it keeps each payload flat (``aggregate.round_sums`` decodes the round from them in one pass)
+and builds per-tensor parts only when asked (``DecodedRound.parts``).
 ``open_frames`` is its per-frame work (open, verify, parse), shared with ``bench codec``: frames
 are independent, so it spreads them over a few threads (zstd, SHA-256 and the compiled payload
 walk release the GIL; msgpack and cryptography's Ed25519 verify hold it); each result is a pure
@@ -17,6 +19,7 @@ decoding is linear in the round's bytes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
 from collections.abc import Mapping, Sequence
@@ -54,6 +57,7 @@ __all__ = [
 ]
 
 Part = tuple[torch.Tensor, torch.Tensor]
+_CPU = torch.device("cpu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,20 +84,47 @@ class SentTensor:
 
 @dataclasses.dataclass(frozen=True)
 class DecodedRound:
-    """A verified round: per tensor id, the parts of the accepted peers in peer-id order."""
+    """A verified round: the accepted peers' decoded payloads (``flats``, CPU) in peer-id order.
+
+    ``tensor_ids`` are the plans' tensor ids; ``parts`` (built on first use) gives, per tensor
+    id, the accepted peers' ``(idx, val)`` parts in peer-id order on ``device`` (views of
+    ``flats`` on the CPU).
+    """
 
     step: int
     peers: tuple[bytes, ...]
-    parts: dict[int, list[Part]]
+    flats: tuple[FlatPayload, ...]
     rejected: dict[bytes, RejectCode]
     key: bytes = b""  # sha256 over (layout digest, step, accepted peer ids and frame hashes)
+    tensor_ids: tuple[int, ...] = ()
+    device: torch.device = _CPU
+
+    @functools.cached_property
+    def parts(self) -> dict[int, list[Part]]:
+        """Per tensor id, the accepted peers' parts in peer-id order (cost: two splits per payload)."""
+        parts: dict[int, list[Part]] = {tid: [] for tid in self.tensor_ids}
+        for flat in self.flats:
+            for tid, (idx, val) in _as_parts(flat):
+                if self.device.type != "cpu":
+                    idx, val = idx.to(self.device), val.to(self.device)
+                parts.setdefault(tid, []).append((idx, val))
+        return parts
+
+    def total_k(self) -> dict[int, int]:
+        """Per tensor id, the coefficients per chunk summed over the accepted payloads."""
+        out = dict.fromkeys(self.tensor_ids, 0)
+        for flat in self.flats:
+            for tid, k in zip(flat.tensor_ids.tolist(), flat.k.tolist(), strict=True):
+                out[tid] = out.get(tid, 0) + k
+        return out
 
 
-_Decoded = list[tuple[int, Part]] | RejectCode
+_Decoded = FlatPayload | RejectCode
 
 
 class DecodeCache:
-    """Decoded frames by (layout digest, step, sha256(frame)), shared by replicas in one process.
+    """Decoded frames (flat payloads) by (layout digest, step, sha256(frame)), shared by replicas
+    in one process.
 
     Decoding is a pure function of the frame's bytes, so an in-process swarm may decode each
     frame once for all its replicas. Holds at most ``max_entries`` frames (oldest evicted).
@@ -254,7 +285,7 @@ def open_round(
     its payload decodes against the plans' layouts. Deterministic: same frames, same result.
     """
     shapes = [(p.layout.n_chunks, p.layout.chunk_numel) for p in plans]
-    parts: dict[int, list[Part]] = {p.tensor_id: [] for p in plans}
+    flats: list[FlatPayload] = []
     peers: list[bytes] = []
     rejected: dict[bytes, RejectCode] = {}
     round_hash = hashlib.sha256(digest + step.to_bytes(8, "big"))
@@ -272,24 +303,19 @@ def open_round(
         peers=[order[i] for i in todo],
     )
     for i, res in zip(todo, opened, strict=True):
-        dec: _Decoded = res if isinstance(res, RejectCode) else _as_parts(res)
-        got[i] = dec
+        got[i] = res
         if cache is not None:
-            cache.put(keys[i], dec)
+            cache.put(keys[i], res)
     for pid, frame_hash, one in zip(order, hashes, got, strict=True):
         assert one is not None
         if isinstance(one, RejectCode):
             rejected[pid] = one
             continue
         peers.append(pid)
+        flats.append(one)
         round_hash.update(pid + frame_hash)
-        if device.type == "cpu":  # decoded on the CPU: the views themselves
-            for tid, part in one:
-                parts[tid].append(part)
-        else:
-            for tid, (idx, val) in one:
-                parts[tid].append((idx.to(device), val.to(device)))
-    return DecodedRound(step, tuple(peers), parts, rejected, round_hash.digest())
+    tids = tuple(p.tensor_id for p in plans)
+    return DecodedRound(step, tuple(peers), tuple(flats), rejected, round_hash.digest(), tids, device)
 
 
 def _as_parts(flat: FlatPayload) -> list[tuple[int, Part]]:

@@ -160,7 +160,7 @@ def _step_and_digest(trainer: Trainer, step: int) -> tuple[StepResult, str]:
 
 async def _one_step(node: Node) -> tuple[StepResult, str] | None:
     """Run step ``node.step`` in a worker thread; the result and the parameter digest after it
-    (one sha256 pass, in the same thread). On a stop request the step may finish within
+    (one BLAKE3 pass, in the same thread). On a stop request the step may finish within
     ``shutdown_timeout_s``; else it is abandoned (None)."""
     fut = asyncio.ensure_future(asyncio.to_thread(_step_and_digest, node.trainer, node.step))
     stop = asyncio.ensure_future(node.stop_requested.wait())

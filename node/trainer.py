@@ -10,13 +10,13 @@ backend (``distronet.node.backends``: torch on CUDA, MPS or CPU, or MLX); the re
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 import torch
+from blake3 import blake3
 from torch import nn
 
 from distronet.node.backends import ComputeBackend, TorchBackend, pick_backend
@@ -112,18 +112,20 @@ def pick_device(name: str) -> torch.device:
 
 
 def param_digest(model: nn.Module) -> str:
-    """SHA-256 over every parameter's bytes in order: equal digests = bit-identical replicas.
+    """BLAKE3 over every parameter's bytes in order: equal digests = bit-identical replicas.
 
-    Cost: one sha256 pass over the parameters (~3 ms for the default model's 3.5 MB); a
-    contiguous CPU parameter is hashed in place, without a copy."""
+    Cost: one BLAKE3 pass over the parameters (~1.1 ms for the default model's 3.5 MB, one
+    thread; SHA-256 took ~2.9 ms, and the daemon digests every step); a contiguous CPU
+    parameter is hashed in place, without a copy."""
     return tensors_digest(p for _, p in model.named_parameters())
 
 
 def tensors_digest(tensors: Iterable[torch.Tensor]) -> str:
-    """SHA-256 over the tensors' bytes, in order (each hashed in place when contiguous on CPU)."""
-    h = hashlib.sha256()
+    """BLAKE3 (32 bytes, hex) over the tensors' bytes, in order (each hashed in place when
+    contiguous on CPU)."""
+    h = blake3()
     for t in tensors:
-        h.update(t.detach().cpu().contiguous().numpy().data)
+        h.update(t.detach().cpu().contiguous().numpy().reshape(-1).view(np.uint8).data)
     return h.hexdigest()
 
 

@@ -227,7 +227,9 @@ class CoordinatorApp:
 
     @staticmethod
     def _store_opts(cfg: CoordinatorConfig) -> dict[str, Any]:
-        return {"synchronous": cfg.sqlite_sync} if cfg.db_url().startswith("sqlite:") else {}
+        if not cfg.db_url().startswith("sqlite:"):
+            return {}
+        return {"synchronous": cfg.sqlite_sync, "writer": cfg.sqlite_writer}
 
     async def start(self) -> None:
         """Open and migrate the store, rebuild memory from it, start the writer and the sweeper."""

@@ -26,6 +26,7 @@ class CoordinatorConfig:
     data_dir: str = "./coordinator-data"
     db: str = ""  # default: sqlite:///<data_dir>/coordinator.db
     sqlite_sync: str = "FULL"  # FULL: survives power loss; NORMAL: survives a killed process
+    sqlite_writer: str = "process"  # process: commits in a child process (no GIL waits); thread
     commit_min_interval_s: float = 0.002  # group commits begin at most this often (GroupCommitter)
     operator_token: str | None = None  # required for every operator write; None: writes refused
     node_body_limit: int = 64 * 1024

@@ -15,6 +15,10 @@ whichever commit crossed SQLite's 1000-page threshold; the writer keeps a 10,000
 threshold as a backstop should the checkpointer fall behind. Small, frequent checkpoints keep
 each one's disk flush short: a commit's fsync queued behind a checkpoint's waits for it, and
 at 2,000 calls/s once a second made one or two commits a second take over 20 ms.
+
+``writer="process"`` moves the commits and the checkpointer into a child process
+(:mod:`.sqlite_writer`), where they never wait for the event loop's GIL; opening, migrating and
+loading stay here. `distro-coordinator serve` uses it (``--sqlite-writer``).
 """
 
 from __future__ import annotations
@@ -29,13 +33,14 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from distronet.coordinator.store.base import TABLES, Batch, Snapshot, Store, StoreError, upsert_sql
 from distronet.coordinator.store.migrations import MIGRATIONS, VERSION_TABLE
+from distronet.coordinator.store.sqlite_writer import WriterProcess
 from distronet.coordinator.trace import TRACE
 
-__all__ = ["SqliteStore"]
+__all__ = ["CHECKPOINT_EVERY_S", "Checkpointer", "SqliteStore", "commit_rows", "connect"]
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -103,7 +108,7 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
         raise
 
 
-class _Checkpointer:
+class Checkpointer:
     """``PRAGMA wal_checkpoint(PASSIVE)`` every ``interval_s`` from its own connection and thread."""
 
     def __init__(self, path: str, synchronous: str, interval_s: float) -> None:
@@ -139,19 +144,63 @@ class _Checkpointer:
             conn.close()
 
 
+def connect(path: str, synchronous: str) -> sqlite3.Connection:
+    """The writer's connection: WAL, ``synchronous``, the schema-version table present, the
+    checkpoint backstop set (see the module docstring). Raises StoreError."""
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(
+            path, isolation_level=None, check_same_thread=False, cached_statements=STATEMENT_CACHE
+        )
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={synchronous}")
+        conn.execute("PRAGMA busy_timeout=5000")
+        conn.execute("PRAGMA wal_autocheckpoint=10000")  # backstop; Checkpointer does the work
+        conn.execute(VERSION_TABLE)
+    except (sqlite3.Error, OSError) as e:
+        raise StoreError(f"cannot open SQLite database {path!r}: {e}") from e
+    return conn
+
+
+def commit_rows(
+    conn: sqlite3.Connection, work: list[tuple[str, list[tuple[object, ...]]]] | list[tuple[str, list[Any]]]
+) -> tuple[float, float, float, float]:
+    """Upsert ``work`` ((table, rows) in commit order) in one transaction. Returns (start,
+    statements done, COMMIT done) as ``perf_counter`` times and the thread CPU seconds spent.
+    Raises StoreError (the transaction is rolled back)."""
+    t0 = t1 = time.perf_counter()
+    c0 = time.thread_time()
+    try:
+        with _transaction(conn):
+            for table, rows in work:
+                for sql, params in _upserts(table, rows):
+                    conn.execute(sql, params)
+            t1 = time.perf_counter()
+    except sqlite3.Error as e:
+        raise StoreError(f"SQLite commit failed: {e}") from e
+    return t0, t1, time.perf_counter(), time.thread_time() - c0
+
+
 class SqliteStore(Store):
-    """SQLite in WAL mode. ``synchronous`` is ``"FULL"`` or ``"NORMAL"``."""
+    """SQLite in WAL mode. ``synchronous`` is ``"FULL"`` or ``"NORMAL"``; ``writer`` is
+    ``"thread"`` (commits on a thread of this process) or ``"process"`` (commits and checkpoints
+    in a child process, :mod:`.sqlite_writer`: they then never wait for this process's GIL;
+    `distro-coordinator serve` uses it). Opening, migrating and loading run here either way."""
 
     url_scheme = "sqlite"
 
-    def __init__(self, path: str, *, synchronous: str = "FULL") -> None:
+    def __init__(self, path: str, *, synchronous: str = "FULL", writer: str = "thread") -> None:
         if synchronous.upper() not in ("FULL", "NORMAL"):
             raise StoreError(f"synchronous must be FULL or NORMAL, not {synchronous!r}")
+        if writer not in ("thread", "process"):
+            raise StoreError(f"the SQLite writer must be 'thread' or 'process', not {writer!r}")
         self.path = path
         self.synchronous = synchronous.upper()
+        self.writer = writer
         self._conn: sqlite3.Connection | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")
-        self._checkpointer: _Checkpointer | None = None
+        self._checkpointer: Checkpointer | None = None
+        self._proc: WriterProcess | None = None
         # The last commit's thread start, statements done, COMMIT done (perf_counter), thread CPU s.
         self.last_timing = (0.0, 0.0, 0.0, 0.0)
 
@@ -160,20 +209,18 @@ class SqliteStore(Store):
 
     async def open(self) -> None:
         await self._run(self._open)
-        self._checkpointer = _Checkpointer(self.path, self.synchronous, CHECKPOINT_EVERY_S)
+        if self.writer == "process":
+            proc = WriterProcess(self.path, self.synchronous)
+            proc.spawn()
+            await self._run(proc.wait_ready)
+            self._proc = proc
+            return
+        self._checkpointer = Checkpointer(self.path, self.synchronous, CHECKPOINT_EVERY_S)
         self._checkpointer.start()
 
     def _open(self) -> None:
+        conn = connect(self.path, self.synchronous)
         try:
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(
-                self.path, isolation_level=None, check_same_thread=False, cached_statements=STATEMENT_CACHE
-            )
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(f"PRAGMA synchronous={self.synchronous}")
-            conn.execute("PRAGMA busy_timeout=5000")
-            conn.execute("PRAGMA wal_autocheckpoint=10000")  # backstop; _Checkpointer does the work
-            conn.execute(VERSION_TABLE)
             current = conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations").fetchone()[0]
             for version, statements in MIGRATIONS:
                 if version <= current:
@@ -183,7 +230,8 @@ class SqliteStore(Store):
                         conn.execute(stmt)
                     conn.execute("INSERT INTO schema_migrations VALUES (?, ?)", (version, time.time()))
         except sqlite3.Error as e:
-            raise StoreError(f"cannot open SQLite database {self.path!r}: {e}") from e
+            conn.close()
+            raise StoreError(f"cannot migrate SQLite database {self.path!r}: {e}") from e
         self._conn = conn
 
     def _c(self) -> sqlite3.Connection:
@@ -193,15 +241,33 @@ class SqliteStore(Store):
 
     async def commit(self, batch: Batch) -> None:
         work = batch.ordered()
-        if work:
+        if not work:
+            return
+        if self._proc is None:
             await self._run(lambda: self._commit(work))
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def done(err: BaseException | None) -> None:
+            if not fut.done():
+                fut.set_result(None) if err is None else fut.set_exception(err)
+
+        self._proc.submit(work, done, self._timed)
+        await fut
 
     def commit_cb(self, batch: Batch, done: Callable[[BaseException | None], None]) -> None:
-        """Commit ``batch`` on the store's thread, then ``done(None)`` (or ``done(error)``) in the
-        calling event loop through one ``call_soon_threadsafe``: no executor future, no task.
-        Call from the loop; commits and the other calls run in submission order."""
-        loop = asyncio.get_running_loop()
+        """Commit ``batch``, then ``done(None)`` (or ``done(error)``) in the calling event loop:
+        from the writer process's answer (a loop reader), or through one
+        ``call_soon_threadsafe`` from the store's thread; no executor future, no task. Call
+        from the loop; commits and the other calls run in submission order."""
         work = batch.ordered()
+        if self._proc is not None:
+            if work:
+                self._proc.submit(work, done, self._timed)
+            else:
+                asyncio.get_running_loop().call_soon(done, None)
+            return
+        loop = asyncio.get_running_loop()
 
         def job() -> None:
             err: BaseException | None = None
@@ -215,19 +281,11 @@ class SqliteStore(Store):
 
         self._pool.submit(job)
 
+    def _timed(self, timing: tuple[float, float, float, float]) -> None:
+        self.last_timing = timing
+
     def _commit(self, work: list[tuple[str, list[tuple[object, ...]]]]) -> None:
-        conn = self._c()
-        t0 = t1 = time.perf_counter()
-        c0 = time.thread_time()
-        try:
-            with _transaction(conn):
-                for table, rows in work:
-                    for sql, params in _upserts(table, rows):
-                        conn.execute(sql, params)
-                t1 = time.perf_counter()
-        except sqlite3.Error as e:
-            raise StoreError(f"SQLite commit failed: {e}") from e
-        self.last_timing = (t0, t1, time.perf_counter(), time.thread_time() - c0)
+        self.last_timing = commit_rows(self._c(), work)
 
     async def load(self) -> Snapshot:
         return await self._run(self._load)
@@ -248,6 +306,11 @@ class SqliteStore(Store):
         )
 
     async def close(self) -> None:
+        if self._proc is not None:
+            proc, self._proc = self._proc, None
+            await proc.drain()
+            proc.detach()
+            await self._run(proc.close)
         if self._checkpointer is not None:
             checkpointer, self._checkpointer = self._checkpointer, None
             await asyncio.get_running_loop().run_in_executor(None, checkpointer.stop)

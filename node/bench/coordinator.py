@@ -240,8 +240,9 @@ def _verify_us() -> float:
 
 
 def _cpu_seconds(proc: subprocess.Popen[bytes] | None) -> tuple[float, float, float]:
-    """(user, system, main thread user+system) CPU seconds of the coordinator (Linux /proc; 0s
-    elsewhere). The rest of user+system is its SQLite thread."""
+    """(user, system, main thread user+system) CPU seconds of the coordinator, its child
+    processes (the SQLite writer) included (Linux /proc; 0s elsewhere). The rest of user+system
+    is its SQLite writer (thread or process) and checkpointer."""
     if proc is None:
         return 0.0, 0.0, 0.0
     tck = os.sysconf("SC_CLK_TCK")
@@ -255,6 +256,16 @@ def _cpu_seconds(proc: subprocess.Popen[bytes] | None) -> tuple[float, float, fl
         mu, ms = read(f"/proc/{proc.pid}/task/{proc.pid}/stat")
     except (OSError, ValueError, IndexError):
         return 0.0, 0.0, 0.0
+    children: list[str] = []
+    for task in Path(f"/proc/{proc.pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            children += (task / "children").read_text().split()
+    for child in children:
+        try:
+            cu, cs = read(f"/proc/{child}/stat")
+        except (OSError, ValueError, IndexError):
+            continue
+        user, system = user + cu, system + cs
     return user, system, mu + ms
 
 

@@ -191,14 +191,19 @@ def _invert(plan: BatchPlan, buf: torch.Tensor) -> list[torch.Tensor]:
         region = buf[g.start : g.start + g.n_chunks * int(np.prod(g.block))]
         if len(g.block) == 1:
             x = region.view(g.n_chunks, g.block[0]) @ dct_basis(g.block[0], dt, dev)
-        else:
+        else:  # both products into scratch: each member's result is its own copy (below)
             br, bc = g.block
-            z = region.view(g.n_chunks * br, bc) @ dct_basis(bc, dt, dev)
-            x = torch.matmul(dct_basis(br, dt, dev).T, z.view(g.n_chunks, br, bc))
+            z = scratch(0, (g.n_chunks * br, bc), dt, dev)
+            torch.mm(region.view(g.n_chunks * br, bc), dct_basis(bc, dt, dev), out=z)
+            x = scratch(2, (g.n_chunks, br, bc), dt, dev)
+            torch.matmul(dct_basis(br, dt, dev).T, z.view(g.n_chunks, br, bc), out=x)
         row = 0
         for t in g.members:
             lay = plan.layouts[t]
-            out[t] = _from_chunks(x[row : row + lay.n_chunks], lay)
+            y = _from_chunks(x[row : row + lay.n_chunks], lay)
+            if len(g.block) > 1 and y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+                y = y.clone()  # a view of the scratch product (one column of chunks): never returned
+            out[t] = y
             row += lay.n_chunks
     for t, lay in enumerate(plan.layouts):
         if plan.big[t]:

@@ -9,7 +9,8 @@ overlap on as in ``bench network``), 4 peers whose momenta share a common part (
 built by ``build_packet`` as a node does. Both optimizers start from the same weights and apply
 the same rounds; after every apply their parameters must be the same bytes (checked). Timings
 alternate old/new, medians over ``REPS`` (default 15) of thread CPU time at ``THREADS`` torch
-threads (default 1, as the swarm's nodes run).
+threads (default 1, as the swarm's nodes run); besides the whole apply, the decode alone (open
+the frames + the aggregate of every tensor, without the update rules' ~30 ms) is timed too.
 
     flock /tmp/bench.lock .venv/bin/python docs/scripts/optim_apply_ab.py
 """
@@ -32,12 +33,14 @@ torch.set_num_threads(int(os.environ.get("THREADS", "1")))
 
 from distronet.kernels.coding_fast import warm  # noqa: E402
 from distronet.kernels.dct import dct_chunks  # noqa: E402
+from distronet.kernels.decode import decode_sum  # noqa: E402
 from distronet.node.exchange.base import Round  # noqa: E402
 from distronet.node.exchange.memory import MemoryExchange, MemoryHub  # noqa: E402
 from distronet.node.models.gpt import GPT, GPTConfig  # noqa: E402
+from distronet.node.optim.aggregate import round_sums  # noqa: E402
 from distronet.node.optim.config import preset  # noqa: E402
 from distronet.node.optim.distro import DistroOptimizer  # noqa: E402
-from distronet.node.optim.packets import build_packet  # noqa: E402
+from distronet.node.optim.packets import build_packet, open_round  # noqa: E402
 from distronet.protocol.identity import Identity  # noqa: E402
 
 
@@ -89,6 +92,15 @@ def main() -> None:
         frames[ident.peer_id] = build_packet(plans, momenta, cfg, 5, ident, digest)[0]
     rounds = {"1": Round(5, {ids[0].peer_id: frames[ids[0].peer_id]}), "4": Round(5, frames)}
     print(f"{name}: {len(plans)} tensors, {len(frames[ids[0].peer_id]):,} B/frame, old = {rev}")
+    cpu = torch.device("cpu")
+
+    def old_decode(rnd: Round) -> list[torch.Tensor]:  # open_round + decode_sum per tensor, as at OLD_REV
+        dec = sys.modules["old_packets"].open_round(rnd.frames, plans, cfg, rnd.step, digest, cpu)
+        return [decode_sum(p.layout, dec.parts[p.tensor_id], dtype=torch.float32, device=cpu) for p in plans]
+
+    def new_decode(rnd: Round) -> list[torch.Tensor]:  # open_round + round_sums
+        return round_sums(open_round(rnd.frames, plans, cfg, rnd.step, digest, cpu), plans, cpu)
+
     t: dict[str, list[float]] = {}
     reps = int(os.environ.get("REPS", "15"))
     for rep in range(reps + 1):
@@ -97,20 +109,33 @@ def main() -> None:
                 t0 = time.thread_time()
                 opt._apply(rnd)
                 if rep:  # the first round of each is a warm-up
-                    t.setdefault(label + n, []).append((time.thread_time() - t0) * 1e3)
+                    t.setdefault("apply " + label + n, []).append((time.thread_time() - t0) * 1e3)
             a = [p.detach().numpy().tobytes() for p in opts["old"]._params]
             b = [p.detach().numpy().tobytes() for p in opts["new"]._params]
             assert a == b, "old and new parameters differ"
+    for rep in range(2 * reps + 2):  # the decode alone, in its own loop, old/new order alternating
+        pair = [("old", old_decode), ("new", new_decode)]
+        for n, rnd in rounds.items():
+            for label, fn in pair if rep % 2 else pair[::-1]:
+                t0 = time.thread_time()
+                fn(rnd)
+                if rep > 1:
+                    t.setdefault("decode " + label + n, []).append((time.thread_time() - t0) * 1e3)
     m = {key: statistics.median(v) for key, v in t.items()}
     threads = torch.get_num_threads()
-    print(f"threads {threads}, thread CPU, medians of {reps}; parameters bit-identical after every apply")
-    for label in ("old", "new"):
-        extra = (m[label + "4"] - m[label + "1"]) / 3
-        print(
-            f"{label}: 1 packet {m[label + '1']:.2f} ms, 4 packets {m[label + '4']:.2f} ms, "
-            f"per extra packet {extra:.2f} ms"
-        )
-    print(f"new/old: 1 packet {m['new1'] / m['old1']:.3f}, 4 packets {m['new4'] / m['old4']:.3f}")
+    print(
+        f"threads {threads}, thread CPU, medians of {reps} (apply) and {2 * reps} (decode); "
+        "parameters bit-identical after every apply"
+    )
+    for what in ("apply", "decode"):
+        for label in ("old", "new"):
+            one, four = m[f"{what} {label}1"], m[f"{what} {label}4"]
+            print(
+                f"{what} (open + aggregate{' + rules' if what == 'apply' else ''}) {label}: 1 packet "
+                f"{one:.2f} ms, 4 packets {four:.2f} ms, per extra packet {(four - one) / 3:.2f} ms"
+            )
+        ratio = [m[f"{what} new{n}"] / m[f"{what} old{n}"] for n in ("1", "4")]
+        print(f"{what} new/old: 1 packet {ratio[0]:.3f}, 4 packets {ratio[1]:.3f}")
 
 
 if __name__ == "__main__":

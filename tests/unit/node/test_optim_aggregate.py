@@ -132,3 +132,29 @@ def test_optimizer_steps_are_bit_identical_to_the_per_tensor_decode(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert _train(name, monkeypatch, old=False) == _train(name, monkeypatch, old=True)
+
+
+def test_decode_flat_results_outlive_the_next_call() -> None:
+    """Its products live in per-thread scratch: a result that would be a view of one (a tensor
+    of one column of chunks) is copied out, so the next call never changes an earlier result."""
+    from distronet.kernels.decode_batch import decode_flat
+    from distronet.kernels.layout import plan_layout
+
+    shapes = [(2000, 40), (3, 200, 40), (64, 64), (67, 131), (300,)]  # (2000, 40): 80k coefficients
+    layouts = [plan_layout(s, 64) for s in shapes]
+    nk = [(lay.n_chunks, lay.chunk_numel) for lay in layouts]
+
+    def payload(seed: int) -> list[object]:
+        g = torch.Generator().manual_seed(seed)
+        coded = []
+        for t, lay in enumerate(layouts):
+            idx, val = topk_chunks(torch.randn(nk[t], generator=g), 5)
+            vc, ic = preset("ours_k32").value_coding, preset("ours_k32").index_coding
+            coded.append(encode_tensor(t, idx.numpy(), val.numpy(), lay.chunk_numel, vc, ic)[0])
+        return [decode_payload_flat(encode_payload(coded), nk)]
+
+    first = decode_flat(layouts, payload(1))
+    kept = [x.clone() for x in first]
+    second = decode_flat(layouts, payload(2))
+    for a, b, c in zip(first, kept, second, strict=True):
+        assert torch.equal(a, b) and not torch.equal(a, c)

@@ -49,14 +49,14 @@ from distronet.node.checkpoint import Checkpoint, load_checkpoint, save_checkpoi
 from distronet.node.config import NodeConfig
 from distronet.node.coordinator_client import (
     CoordinatorClient,
-    CoordinatorClientError,
     CoordinatorRefused,
     CoordinatorUnreachable,
+    Lease,
 )
 from distronet.node.exitcodes import ExitCode
 from distronet.node.metrics import NodeMetrics
 from distronet.node.optim.distro import DistroOptimizer
-from distronet.node.shards import fetch_shard, shard_tokens
+from distronet.node.shard_supply import DOWNLOAD_S, ShardSupply
 from distronet.node.status import NodeStatus, StatusFile
 from distronet.node.swarm.digests import DigestBoard
 from distronet.node.swarm.errors import SwarmError
@@ -178,7 +178,7 @@ class Node:
         self._tasks: list[asyncio.Task[None]] = []
         self.verify_until = -1  # after adopting a state, drift-check every step up to here
         self._tokens: Any = None  # the current shard's tokens (numpy, 1-D)
-        self.completed: set[int] = set()  # shard units we reported complete (each reported once)
+        self.supply: ShardSupply | None = None  # completes shards, fetches the next one ahead
         self.catch_up_failed = False  # the last catch_up could not fetch or load a peer's state
 
     def _to(self, new: NodeState) -> None:
@@ -392,41 +392,39 @@ class Node:
         return len(a & b)
 
     async def next_shard(self) -> None:
-        """Complete the current lease (if any) and lease, fetch and switch to a new shard.
+        """Complete the current lease (if any) and switch to the next shard, fetched one ahead
+        (``node/shard_supply.py``: a boundary never waits for a slow coordinator).
 
-        Keeps training on the old shard when no new one is free (it is completed only once: the
-        report is queued while the coordinator is down and replayed later). Raises ``NodeError``
-        when there is no shard at all.
+        Keeps training on the old shard when no new one is here yet (it is completed only once:
+        the report is queued while the coordinator is down and replayed later). Raises
+        ``NodeError`` when there is no shard at all, and a failed first download.
         """
         assert self.client is not None
+        if self.supply is None:
+            self.supply = ShardSupply(
+                self.client,
+                self.cfg.coordinator,
+                self.cfg.data_path / "shards",
+                self.run_info["data"]["dtype"],
+                on_completed=self._credited,
+            )
         old = self.feed.lease
-        if old is not None and old.unit not in self.completed:
-            self.completed.add(old.unit)
-            try:
-                # no deadline of our own: the client bounds each call (``CALL_S``) and queues the
-                # report when the coordinator does not answer; cancelling it would lose the report
-                await self.client.complete(old)
-                self.status.shards_done += 1
-                self.status.completed_units.append(old.unit)
-            except CoordinatorRefused as e:  # e.g. our lease expired and went to another node
-                log.warning("shard %s was not credited to this node: %s", old.shard_id, e)
         try:
-            leases = await self.client.lease(1)
-        except CoordinatorClientError as e:
-            leases = []
-            log.warning("cannot lease a new shard now: %s", e)
-        if not leases:
+            got = await self.supply.next(old)
+        except asyncio.TimeoutError:
+            raise NodeError(f"shard download: no answer within {DOWNLOAD_S:.0f} s") from None
+        if got is None:
             if old is None:
                 raise NodeError("the coordinator has no shard to lease to this node", ExitCode.REJECTED)
             self.feed.switch(old, self._tokens, self.step)  # read the old shard again
             return
-        lease = leases[0]
-        path = await deadline(
-            fetch_shard(self.cfg.coordinator, lease, self.cfg.data_path / "shards"), 600.0, "shard download"
-        )
-        self._tokens = shard_tokens(path, self.run_info["data"]["dtype"])
+        lease, self._tokens = got
         self.feed.switch(lease, self._tokens, self.step)
         self.status.shard = lease.shard_id
+
+    def _credited(self, lease: Lease) -> None:
+        self.status.shards_done += 1
+        self.status.completed_units.append(lease.unit)
 
     async def _first_catch_up(self, timeout: float) -> None:
         """Adopt the swarm's state before the first step; try again (within ``timeout``) while
@@ -530,8 +528,11 @@ class Node:
         self._set_stage("background tasks")
         for task in self._tasks:
             task.cancel()
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=CLOSE_CAPS_S["background tasks"])
+        waits: list[asyncio.Future[Any]] = list(self._tasks)
+        if self.supply is not None:  # the shard ahead stops; a completion report gets sent or queued
+            waits.append(asyncio.ensure_future(self.supply.close()))
+        if waits:
+            await asyncio.wait(waits, timeout=CLOSE_CAPS_S["background tasks"])
         if self.client is not None:
             await self._capped("leave the run", self.client.leave())
         if self.core is not None:

@@ -12,8 +12,8 @@
 * ``decode_16_over_1``: decoding 16 packets over decoding 1 (the first of them), on the full
   path: every frame opened (zstd, msgpack, its own peer's Ed25519 signature), parsed and
   validated by the node's own ``open_frames`` (what ``open_round`` runs on a round's frames),
-  then one scatter per packet and ONE inverse (``decode_flat``; the optimizer in
-  ``node/optim/distro.py`` still sums each tensor's parts with ``decode_sum``). The 16 packets
+  then one scatter per packet and ONE inverse (``decode_flat``, as the optimizer does too:
+  ``node/optim/aggregate.round_sums``). The 16 packets
   are 16 peers' packets: 16 identities, each sending its own momentum (the set's tensors times
   ``1 + 0.2 * N(0, 1)`` noise per element, seeded per peer), so indices, values, bucket-code
   parameters and sizes differ as between real peers;

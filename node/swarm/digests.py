@@ -1,6 +1,6 @@
 """Parameter digests of recent steps, served to peers: the drift check without building any state.
 
-Every node records the sha256 of its parameters after each step (the ``digests`` of its status
+Every node records the BLAKE3 digest of its parameters after each step (the ``digests`` of its status
 file) in a :class:`DigestBoard`, which answers peers on ``DIGEST_PROTOCOL``. A drift check asks
 each peer for its digest of one step (:func:`ask_digest`) and compares it with its own: one
 small request per peer, where comparing state manifests meant serialising and hashing the whole
@@ -12,7 +12,7 @@ decides whether *we* resync, which a lying peer could cause with a signed manife
 Wire (one request per stream)::
 
     request   b"DND?" | step (u64 BE)
-    response  status (u8: 0 found, 1 unknown) | 32-byte sha256 (found only)
+    response  status (u8: 0 found, 1 unknown) | 32-byte BLAKE3 digest (found only)
 
 A peer asked for the step it is computing right now waits (at most ``wait_s``) for it to finish
 instead of answering "unknown", so checks between replicas a little out of step still compare.
@@ -67,7 +67,7 @@ class DigestBoard:
         return self
 
     def record(self, step: int, digest: bytes) -> None:
-        """The sha256 (32 bytes) of the parameters after ``step``. A step recorded again (after a
+        """The BLAKE3 digest (32 bytes) of the parameters after ``step``. A step recorded again (after a
         resync) replaces the old digest; steps newer than ``step`` are forgotten."""
         if len(digest) != 32:
             raise ValueError(f"a digest is 32 bytes, got {len(digest)}")

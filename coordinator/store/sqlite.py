@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 
 from distronet.coordinator.store.base import TABLES, Batch, Snapshot, Store, StoreError, upsert_sql
 from distronet.coordinator.store.migrations import MIGRATIONS, VERSION_TABLE
-from distronet.coordinator.store.sqlite_writer import WriterProcess
+from distronet.coordinator.store.sqlite_writer import EXIT_TIMEOUT_S, WriterProcess
 from distronet.coordinator.trace import TRACE
 
 __all__ = ["CHECKPOINT_EVERY_S", "Checkpointer", "SqliteStore", "commit_rows", "connect"]
@@ -308,7 +308,8 @@ class SqliteStore(Store):
     async def close(self) -> None:
         if self._proc is not None:
             proc, self._proc = self._proc, None
-            await proc.drain()
+            with contextlib.suppress(asyncio.TimeoutError):  # a hung child is killed by close()
+                await asyncio.wait_for(proc.drain(), EXIT_TIMEOUT_S)
             proc.detach()
             await self._run(proc.close)
         if self._checkpointer is not None:

@@ -42,7 +42,7 @@ import msgpack
 
 from distronet.coordinator.store.base import TABLES, StoreError
 
-__all__ = ["MAX_FRAME", "WriterProcess", "main"]
+__all__ = ["EXIT_TIMEOUT_S", "MAX_FRAME", "WriterProcess", "main"]
 
 MAX_FRAME = 1 << 30  # one batch; a run of 200,000 shards is ~40 MB
 START_TIMEOUT_S = 30.0
@@ -143,7 +143,10 @@ class WriterProcess:
         return self._reap()
 
     def detach(self) -> None:
-        """Stop reading answers (in the loop, before :meth:`close`)."""
+        """Stop reading answers (in the loop, before :meth:`close`); a batch still unanswered
+        (the child hung past :meth:`drain`'s wait) fails with StoreError."""
+        if self._pending:
+            self._fail(StoreError("the SQLite writer was closed with batches unanswered"))
         if self._loop is not None and self._resp >= 0:
             with contextlib.suppress(Exception):
                 self._loop.remove_reader(self._resp)
@@ -221,8 +224,8 @@ class WriterProcess:
         """The child is gone or talks nonsense: fail every batch still waiting."""
         if self.broken is None:
             self.broken = err
-        self.detach()
         pending, self._pending = self._pending, deque()
+        self.detach()
         for _, done, _ in pending:
             done(err)
         if self._idle is not None:

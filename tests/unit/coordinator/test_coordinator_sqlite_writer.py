@@ -177,3 +177,23 @@ def test_frames_are_shape_checked() -> None:
 def test_an_unknown_writer_is_refused() -> None:
     with pytest.raises(StoreError, match="thread' or 'process"):
         open_store("sqlite:///x.db", writer="fork")
+
+
+async def test_close_does_not_hang_on_a_stopped_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer that stops answering (SIGSTOP) is killed by close; its batch fails, typed."""
+    from distronet.coordinator.store import sqlite, sqlite_writer
+
+    monkeypatch.setattr(sqlite, "EXIT_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(sqlite_writer, "EXIT_TIMEOUT_S", 0.3)
+    store = await _open(tmp_path / "w.db")
+    pid = _child_pid(store)
+    os.kill(pid, signal.SIGSTOP)
+    errors: list[BaseException | None] = []
+    store.commit_cb(_batch(1), errors.append)
+    t0 = time.monotonic()
+    await asyncio.wait_for(store.close(), 10)
+    assert time.monotonic() - t0 < 5
+    assert len(errors) == 1 and isinstance(errors[0], StoreError)
+    assert _gone(pid)

@@ -43,6 +43,7 @@ from distronet.coordinator.trace import TRACE
 __all__ = ["CHECKPOINT_EVERY_S", "Checkpointer", "SqliteStore", "commit_rows", "connect"]
 
 T = TypeVar("T")
+Work = list[tuple[str, list[Any]]]  # (table, rows) in commit order; rows are tuples or lists
 log = logging.getLogger(__name__)
 CHECKPOINT_EVERY_S = 0.2
 # Prepared statements kept by the writer connection (sqlite3's default: 128). A multi-row upsert's
@@ -77,7 +78,7 @@ def _padded(n: int) -> int:
     return -(-n // step) * step
 
 
-def _upserts(table: str, rows: list[tuple[object, ...]]) -> Iterator[tuple[str, list[object]]]:
+def _upserts(table: str, rows: list[Any]) -> Iterator[tuple[str, list[object]]]:
     """(SQL, flat parameters) statements that upsert ``rows`` (a batch holds one row per key).
 
     A statement's row count is padded up to a few fixed sizes (at most a quarter more rows) by
@@ -162,9 +163,7 @@ def connect(path: str, synchronous: str) -> sqlite3.Connection:
     return conn
 
 
-def commit_rows(
-    conn: sqlite3.Connection, work: list[tuple[str, list[tuple[object, ...]]]] | list[tuple[str, list[Any]]]
-) -> tuple[float, float, float, float]:
+def commit_rows(conn: sqlite3.Connection, work: Work) -> tuple[float, float, float, float]:
     """Upsert ``work`` ((table, rows) in commit order) in one transaction. Returns (start,
     statements done, COMMIT done) as ``perf_counter`` times and the thread CPU seconds spent.
     Raises StoreError (the transaction is rolled back)."""
@@ -243,16 +242,13 @@ class SqliteStore(Store):
         work = batch.ordered()
         if not work:
             return
-        if self._proc is None:
-            await self._run(lambda: self._commit(work))
-            return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def done(err: BaseException | None) -> None:
             if not fut.done():
                 fut.set_result(None) if err is None else fut.set_exception(err)
 
-        self._proc.submit(work, done, self._timed)
+        self._submit(work, done)
         await fut
 
     def commit_cb(self, batch: Batch, done: Callable[[BaseException | None], None]) -> None:
@@ -261,19 +257,22 @@ class SqliteStore(Store):
         ``call_soon_threadsafe`` from the store's thread; no executor future, no task. Call
         from the loop; commits and the other calls run in submission order."""
         work = batch.ordered()
+        if work:
+            self._submit(work, done)
+        else:
+            asyncio.get_running_loop().call_soon(done, None)
+
+    def _submit(self, work: Work, done: Callable[[BaseException | None], None]) -> None:
+        """Hand ``work`` to the writer (process or thread); ``done`` runs in this loop after."""
         if self._proc is not None:
-            if work:
-                self._proc.submit(work, done, self._timed)
-            else:
-                asyncio.get_running_loop().call_soon(done, None)
+            self._proc.submit(work, done, self._timed)
             return
         loop = asyncio.get_running_loop()
 
         def job() -> None:
             err: BaseException | None = None
             try:
-                if work:
-                    self._commit(work)
+                self._commit(work)
             except BaseException as e:
                 err = e
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
@@ -284,7 +283,8 @@ class SqliteStore(Store):
     def _timed(self, timing: tuple[float, float, float, float]) -> None:
         self.last_timing = timing
 
-    def _commit(self, work: list[tuple[str, list[tuple[object, ...]]]]) -> None:
+    def _commit(self, work: Work) -> None:
+        """One transaction on the store's thread (the thread writer)."""
         self.last_timing = commit_rows(self._c(), work)
 
     async def load(self) -> Snapshot:

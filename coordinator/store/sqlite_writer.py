@@ -48,7 +48,7 @@ MAX_FRAME = 1 << 30  # one batch; a run of 200,000 shards is ~40 MB
 START_TIMEOUT_S = 30.0
 EXIT_TIMEOUT_S = 30.0
 Timing = tuple[float, float, float, float]
-Work = list[tuple[str, list[tuple[object, ...]]]]
+Work = list[tuple[str, list[Any]]]  # as sqlite.Work: (table, rows) in commit order
 Done = Callable[[BaseException | None], None]
 
 

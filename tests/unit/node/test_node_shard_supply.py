@@ -76,12 +76,20 @@ async def _settle(supply: ShardSupply) -> None:
         await asyncio.sleep(0)
 
 
-async def test_the_next_shard_is_fetched_ahead_and_taken_at_the_boundary() -> None:
-    coord, credited = FakeCoordinator(), []
+async def _started(coord: FakeCoordinator) -> tuple[ShardSupply, list[int], tuple[Lease, Any]]:
+    """A supply that has taken its first shard, with its lease ahead (if any) settled."""
+    credited: list[int] = []
     supply = _supply(coord, credited)
     first = await supply.next(None)
-    assert first is not None and first[0].unit == 0 and first[1] == "tokens of 0.bin"
+    assert first is not None
     await _settle(supply)
+    return supply, credited, first
+
+
+async def test_the_next_shard_is_fetched_ahead_and_taken_at_the_boundary() -> None:
+    coord = FakeCoordinator()
+    supply, credited, first = await _started(coord)
+    assert first[0].unit == 0 and first[1] == "tokens of 0.bin"
     assert coord.held == {0, 1}  # shard 1 leased (and fetched) while shard 0 trains
     second = await supply.next(first[0])
     assert second is not None and second[0].unit == 1
@@ -92,11 +100,8 @@ async def test_the_next_shard_is_fetched_ahead_and_taken_at_the_boundary() -> No
 
 
 async def test_a_stalled_coordinator_never_holds_a_boundary() -> None:
-    coord, credited = FakeCoordinator(), []
-    supply = _supply(coord, credited)
-    first = await supply.next(None)
-    assert first is not None
-    await _settle(supply)
+    coord = FakeCoordinator()
+    supply, credited, first = await _started(coord)
     second = await supply.next(first[0])  # shard 1 was already here
     assert second is not None
     coord.stalled.clear()  # the coordinator stops answering (SIGSTOP, not a refusal)
@@ -114,11 +119,8 @@ async def test_a_stalled_coordinator_never_holds_a_boundary() -> None:
 
 
 async def test_a_node_allowed_one_lease_still_gets_its_next_shard() -> None:
-    coord, credited = FakeCoordinator(allowance=1), []
-    supply = _supply(coord, credited)
-    first = await supply.next(None)
-    assert first is not None
-    await _settle(supply)
+    coord = FakeCoordinator(allowance=1)
+    supply, _, first = await _started(coord)
     assert coord.held == {0}  # no lease ahead for this node
     second = await supply.next(first[0])  # completes 0 first, then leases inline
     assert second is not None and second[0].unit == 1
@@ -128,11 +130,8 @@ async def test_a_node_allowed_one_lease_still_gets_its_next_shard() -> None:
 
 
 async def test_an_unreachable_coordinator_means_no_new_shard_now() -> None:
-    coord, credited = FakeCoordinator(), []
-    supply = _supply(coord, credited)
-    first = await supply.next(None)
-    assert first is not None
-    await _settle(supply)  # shard 1 is leased ahead before the refusals begin
+    coord = FakeCoordinator()
+    supply, _, first = await _started(coord)  # shard 1 is leased ahead before the refusals begin
 
     async def refuse(want: int = 1) -> list[Lease]:
         raise CoordinatorUnreachable("connection refused")
@@ -146,11 +145,8 @@ async def test_an_unreachable_coordinator_means_no_new_shard_now() -> None:
 
 
 async def test_close_stops_the_fetch_ahead_and_lets_the_report_finish() -> None:
-    coord, credited = FakeCoordinator(), []
-    supply = _supply(coord, credited)
-    first = await supply.next(None)
-    assert first is not None
-    await _settle(supply)
+    coord = FakeCoordinator()
+    supply, _, first = await _started(coord)
     second = await supply.next(first[0])
     assert second is not None
     await asyncio.wait_for(supply.close(), 5)

@@ -41,6 +41,9 @@ def test_three_nodes_train_identically_and_stop_on_signals(tmp_path: Path) -> No
         for _ in range(3):
             swarm.start_node(min_peers=3)
         swarm.wait_steps([0, 1, 2], STEPS - 1, timeout=75.0)
+        # what each node logged while all three trained: once node 2 is gone, its DHT record
+        # outlives it and the others rightly re-dial it (swarm.links), so later lines are not checked
+        trained = [len((tmp_path / f"node{i}.log").read_bytes()) for i in range(3)]
         # the coordinator is stopped so that node 2's clean stop cannot finish before the second
         # Ctrl-C arrives: leaving the run waits for the coordinator (capped at 3 s), and a clean
         # stop is otherwise fast enough (< 0.3 s) to exit 0 first
@@ -72,6 +75,6 @@ def test_three_nodes_train_identically_and_stop_on_signals(tmp_path: Path) -> No
     assert sum(s["drift_equal"] for s in statuses) >= 1
     for i in range(2):
         assert (tmp_path / f"node{i}" / "checkpoint.pt").exists()
-    for i in range(3):  # a healthy mesh: no member ever looked missing from the topics (swarm.links)
-        log = (tmp_path / f"node{i}.log").read_text(errors="replace")
+    for i in range(3):  # a healthy mesh: no member looked missing from the topics (swarm.links)
+        log = (tmp_path / f"node{i}.log").read_bytes()[: trained[i]].decode(errors="replace")
         assert "re-dialling" not in log and "differ from" not in log, log[-2000:]

@@ -47,6 +47,17 @@ packets taken as they are.
 swarm: its next round has no other producer while valid announcements of its peers are for steps
 past its window. ``collect`` then raises ``FellBehind`` (a ``RoundUnavailable``) instead of
 applying a round of one, and the daemon adopts the swarm's current state.
+
+**Alone.** A replica whose gossip delivers nothing (its p2pd starved or stuck) hears no producer
+but its own, although its peers hear it: left alone it would apply rounds of one and run ahead
+of a swarm that still lists its packets. So after ``alone_rounds`` rounds of one in a row while
+other peers are in the announcement topic, it asks them (``manifest_ask.request_newest``, one
+short stream each, at most ``_PROBE_PEERS``) which step they are at before applying another:
+a peer past this step → ``FellBehind``; a peer within ``_NEAR_STEPS`` below it (alive, in step,
+but unheard) → ``RoundUnavailable``, and the daemon adopts the swarm's state once a peer is past
+it; no answer, or only peers far behind (dead, paused, still syncing) → the round of one is
+applied, and the peers are asked again after ``_RECHECK_S``. A swarm of one whose peers died
+keeps training.
 ``exchange_sync.SwarmExchange`` wraps this async core in the synchronous ``Exchange`` interface.
 """
 
@@ -79,7 +90,12 @@ from distronet.node.swarm.manifest import (
     open_manifest,
     seal_manifest,
 )
-from distronet.node.swarm.manifest_ask import MANIFEST_PULL_PROTOCOL, request_manifest, serve_manifest_request
+from distronet.node.swarm.manifest_ask import (
+    MANIFEST_PULL_PROTOCOL,
+    request_manifest,
+    request_newest,
+    serve_manifest_request,
+)
 from distronet.node.swarm.p2p import with_deadline
 from distronet.node.swarm.pubsub import Gossip, Subscription
 from distronet.node.swarm.stack import Swarm
@@ -97,6 +113,11 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+_PROBE_PEERS = 4  # topic peers asked for their step before a round of one ("Alone")
+_PROBE_TIMEOUT_S = 1.0
+_NEAR_STEPS = 8  # a peer at most this far below our step is in step with us
+_RECHECK_S = 10.0  # after a probe found nobody near, rounds of one go on unasked this long
 
 
 def manifest_topic(run_id: str) -> str:
@@ -125,11 +146,15 @@ class ExchangeConfig:
     max_manifest_entries: int = 1024
     warmup_mask_steps: int = 3
     """Steps a replica that adopted the swarm's state publishes masked packets (module doc)."""
+    alone_rounds: int = 2
+    """Rounds of one applied in a row, while peers are in the topic, before asking them (module doc)."""
     limits: Limits = DEFAULT_LIMITS
 
     def __post_init__(self) -> None:
         if not 0 <= self.warmup_mask_steps <= 1000:
             raise ConfigError(f"warmup_mask_steps must be in 0..1000, got {self.warmup_mask_steps}")
+        if not 0 <= self.alone_rounds <= 1000:
+            raise ConfigError(f"alone_rounds must be in 0..1000, got {self.alone_rounds}")
 
 
 @dataclass
@@ -171,6 +196,9 @@ class AsyncSwarmExchange:
         self.warmup_heard = 0  # warm-up announcements of other producers: live, but masked
         self._early_notes: HoldBack[Announcement] = HoldBack(config.retention)  # past our window
         self._early_manifests: HoldBack[RoundManifest] = HoldBack(config.retention)
+        self.alone_streak = 0  # rounds of one applied in a row while peers were in the topic
+        self.alone_refused = 0  # rounds of one not applied: peers in step with us were unheard
+        self._probe_after = 0.0  # rounds of one go on unasked until then (monotonic)
 
     def start_warmup(self, step: int) -> int:
         """Publish masked packets for ``step`` .. ``step + warmup_mask_steps - 1``; returns the
@@ -433,8 +461,11 @@ class AsyncSwarmExchange:
             return state.decided
         state.frozen = True
         producers = set(state.announced) | set(state.frames)
+        alone = producers <= {self.peer_id} and bool(self._subscribed - {self.peer_id})
         if producers <= {self.peer_id}:
             self._check_behind(step)
+            if alone:
+                await self._check_alone(step)
         unheard = self._recent_producers(step) - producers - state.warm
         eligible = may_lead(producers, state.warm, unheard)
         ranked = sorted(eligible | unheard, key=lambda p: leader_rank(step, p))
@@ -442,7 +473,34 @@ class AsyncSwarmExchange:
             self._spawn(self._lead(step, state, ranked.index(self.peer_id)))
         manifest = await self._await_manifest(step, state, ranked)
         state.decided = await self._fill(step, state, manifest)
+        self.alone_streak = self.alone_streak + 1 if alone and len(state.decided) <= 1 else 0
         return state.decided
+
+    async def _check_alone(self, step: int) -> None:
+        """Before another round of one while peers are in our topic (module doc, "Alone"): ask
+        them which step they are at. Raises ``FellBehind`` when one is past ``step``,
+        ``RoundUnavailable`` when one is in step with us but unheard."""
+        if self.alone_streak < self.config.alone_rounds or time.monotonic() < self._probe_after:
+            return
+        asked = sorted(self._subscribed - {self.peer_id})[:_PROBE_PEERS]
+        answers = await asyncio.gather(
+            *(request_newest(self.swarm.host.control_path, peer_id(p), _PROBE_TIMEOUT_S) for p in asked)
+        )
+        steps = [s for s in answers if s is not None]
+        if any(s > step for s in steps):
+            raise FellBehind(
+                f"step {step}: no other producer heard in {self.alone_streak + 1} rounds while peers in "
+                f"our topic are at steps up to {max(steps)}; this replica cannot hear the swarm",
+                max(steps),
+            )
+        near = [s for s in steps if s >= step - _NEAR_STEPS]
+        if near:
+            self.alone_refused += 1
+            raise RoundUnavailable(
+                f"step {step}: not applying a round of one: {len(near)} peer(s) in our topic are in step "
+                f"(at {min(near)}-{max(near)}) but none of their announcements reached us"
+            )
+        self._probe_after = time.monotonic() + _RECHECK_S
 
     def _recent_producers(self, step: int) -> set[bytes]:
         """The peers that may lead ``step`` although their announcement of it has not reached us
@@ -543,7 +601,7 @@ class AsyncSwarmExchange:
             state = self._rounds.get(step)
             return None if state is None else state.sealed
 
-        await serve_manifest_request(reader, writer, sealed)
+        await serve_manifest_request(reader, writer, sealed, lambda: self._newest)
 
     async def _fill(self, step: int, state: _RoundState, manifest: RoundManifest) -> Round:
         """The manifest's frames: held ones as they are, the rest pulled concurrently by hash."""

@@ -89,6 +89,14 @@ def test_run_exchange_table_sets_the_warm_up_mask() -> None:
         exchange_config({"warmup_mask_steps": -1})
 
 
+def test_run_exchange_table_sets_the_rounds_of_one_before_asking() -> None:
+    assert exchange_config({}).alone_rounds == 2
+    assert exchange_config({"alone_rounds": 0}).alone_rounds == 0
+    for bad in (-1, 1001):
+        with pytest.raises(ConfigError, match="alone_rounds"):
+            exchange_config({"alone_rounds": bad})
+
+
 def test_global_batch_parses_and_is_bounded() -> None:
     base = {"depth": 1, "width": 32, "heads": 2, "context": 16, "batch": 2, "seq_len": 16}
     assert ModelSpec.from_run(base).global_batch == 0  # off unless the run asks

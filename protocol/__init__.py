@@ -11,5 +11,6 @@ Modules (the spec is docs/protocol.md):
 - ``announce``   the signed <= 1 KiB gossip announcement
 - ``coordinator_api``  the coordinator's HTTP schemas
 
-Imports only the standard library, msgpack, zstandard, numpy and cryptography.
+Imports only the standard library, msgpack, zstandard, numpy, cryptography and PyNaCl
+(libsodium: every signature check, ``identity.verify``).
 """

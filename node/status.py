@@ -57,6 +57,7 @@ class NodeStatus:
     fell_behind: int = 0  # rounds that found this node behind the swarm (paused, cut off)
     warmup_until: int = -1  # our packets for steps below this are masked warm-up packets
     warmup_heard: int = 0  # warm-up announcements heard from other producers (masked, live)
+    alone_waits: int = 0  # rounds in which we heard nobody and waited for peers in step (unheard)
     completed_units: list[int] = dataclasses.field(default_factory=list)  # shard units we completed
     pending_reports: int = 0  # reports queued for the coordinator (it is unreachable)
     cpu_steps: int = 0  # steps counted in the two sums below

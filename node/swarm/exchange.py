@@ -48,16 +48,24 @@ swarm: its next round has no other producer while valid announcements of its pee
 past its window. ``collect`` then raises ``FellBehind`` (a ``RoundUnavailable``) instead of
 applying a round of one, and the daemon adopts the swarm's current state.
 
-**Alone.** A replica whose gossip delivers nothing (its p2pd starved or stuck) hears no producer
-but its own, although its peers hear it: left alone it would apply rounds of one and run ahead
-of a swarm that still lists its packets. So after ``alone_rounds`` rounds of one in a row while
-other peers are in the announcement topic, it asks them (``manifest_ask.request_newest``, one
-short stream each, at most ``_PROBE_PEERS``) which step they are at before applying another:
-a peer past this step → ``FellBehind``; a peer within ``_NEAR_STEPS`` below it (alive, in step,
-but unheard) → ``RoundUnavailable``, and the daemon adopts the swarm's state once a peer is past
-it; no answer, or only peers far behind (dead, paused, still syncing) → the round of one is
-applied, and the peers are asked again after ``_RECHECK_S``. A swarm of one whose peers died
-keeps training.
+**Hearing nobody.** A replica whose gossip delivers nothing (its p2pd starved or stuck) hears no
+producer but its own, although its peers hear it and accept its packets. Two things keep it in
+the swarm's rounds instead of applying rounds of one and running ahead:
+
+- The producers it *knows* for step ``t`` include those in the accepted sets it applied for
+  ``t - 1`` and ``t - 2`` (not only those it heard), and a replica that heard no other producer
+  asks those it knows for a manifest of ``t`` they may have sealed (``manifest_ask``) *before*
+  it leads: it applies the swarm's round, its own packet included, not one of its own.
+- When it knows nobody but itself (the two rounds before were rounds of one) while other peers
+  are in the announcement topic, then after ``alone_rounds`` such rounds in a row (default 0:
+  at the first) it asks up to ``_PROBE_PEERS`` of them which step they are at
+  (``manifest_ask.request_newest``) before freezing the round. A peer past this step →
+  ``FellBehind``. Peers at most ``_NEAR_STEPS`` below it (alive, in step, unheard) → it waits
+  for them, re-asking about once a second and asking them for this step's manifest (adopted
+  when one has sealed it), for at most ``_NEAR_STEPS + 2`` round deadlines. No answer, or only
+  peers far behind (dead, paused, still syncing) → the round of one is applied, and the peers
+  are asked again after ``_RECHECK_S``. A node whose peers all died keeps training.
+
 ``exchange_sync.SwarmExchange`` wraps this async core in the synchronous ``Exchange`` interface.
 """
 
@@ -114,7 +122,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_PROBE_PEERS = 4  # topic peers asked for their step before a round of one ("Alone")
+_PROBE_PEERS = 4  # topic peers asked for their step before a round of one ("Hearing nobody")
 _PROBE_TIMEOUT_S = 1.0
 _NEAR_STEPS = 8  # a peer at most this far below our step is in step with us
 _RECHECK_S = 10.0  # after a probe found nobody near, rounds of one go on unasked this long
@@ -146,8 +154,9 @@ class ExchangeConfig:
     max_manifest_entries: int = 1024
     warmup_mask_steps: int = 3
     """Steps a replica that adopted the swarm's state publishes masked packets (module doc)."""
-    alone_rounds: int = 2
-    """Rounds of one applied in a row, while peers are in the topic, before asking them (module doc)."""
+    alone_rounds: int = 0
+    """Rounds of one applied unasked, while peers are in the topic, before asking them their step
+    (module doc, "Hearing nobody")."""
     limits: Limits = DEFAULT_LIMITS
 
     def __post_init__(self) -> None:
@@ -197,7 +206,7 @@ class AsyncSwarmExchange:
         self._early_notes: HoldBack[Announcement] = HoldBack(config.retention)  # past our window
         self._early_manifests: HoldBack[RoundManifest] = HoldBack(config.retention)
         self.alone_streak = 0  # rounds of one applied in a row while peers were in the topic
-        self.alone_refused = 0  # rounds of one not applied: peers in step with us were unheard
+        self.alone_waits = 0  # rounds of one held back for unheard peers in step with us
         self._probe_after = 0.0  # rounds of one go on unasked until then (monotonic)
 
     def start_warmup(self, step: int) -> int:
@@ -459,16 +468,23 @@ class AsyncSwarmExchange:
         await self._until_frozen(step, state)
         if state.decided is not None:
             return state.decided
+        alone = self._alone(step, state)
+        if alone:
+            await self._unless_alone(step, state)
+            pending = [t for t in state.pulls.values() if not t.done()]
+            if pending:  # someone announced while we waited: let its frame arrive
+                await asyncio.wait(pending, timeout=self.round_deadline_s)
         state.frozen = True
         producers = set(state.announced) | set(state.frames)
-        alone = producers <= {self.peer_id} and bool(self._subscribed - {self.peer_id})
         if producers <= {self.peer_id}:
             self._check_behind(step)
-            if alone:
-                await self._check_alone(step)
         unheard = self._recent_producers(step) - producers - state.warm
         eligible = may_lead(producers, state.warm, unheard)
         ranked = sorted(eligible | unheard, key=lambda p: leader_rank(step, p))
+        if producers <= {self.peer_id} and unheard:
+            # we heard nobody (gossip may not reach us): a producer we know may have sealed this
+            # round already, and leading with our packet alone would then apply another set
+            await self._ask_better(step, state, ranked)
         if self.peer_id in eligible:
             self._spawn(self._lead(step, state, ranked.index(self.peer_id)))
         manifest = await self._await_manifest(step, state, ranked)
@@ -476,37 +492,71 @@ class AsyncSwarmExchange:
         self.alone_streak = self.alone_streak + 1 if alone and len(state.decided) <= 1 else 0
         return state.decided
 
-    async def _check_alone(self, step: int) -> None:
-        """Before another round of one while peers are in our topic (module doc, "Alone"): ask
-        them which step they are at. Raises ``FellBehind`` when one is past ``step``,
-        ``RoundUnavailable`` when one is in step with us but unheard."""
+    def _alone(self, step: int, state: _RoundState) -> bool:
+        """We produced this round, know no other producer of it or of the two before it, and
+        other peers are in our announcement topic."""
+        others = self._subscribed - {self.peer_id}
+        heard = (set(state.announced) | set(state.frames)) - {self.peer_id}
+        return bool(others) and not heard and not self._recent_producers(step)
+
+    async def _unless_alone(self, step: int, state: _RoundState) -> None:
+        """Before a round of one while peers are in our topic (module doc, "Hearing nobody"):
+        from the ``alone_rounds``-th in a row, ask them which step they are at; wait for those in
+        step with us. Returns when we may decide the round (someone's announcement or manifest
+        arrived, nobody is near, or the wait ran out); raises ``FellBehind`` when a peer is past
+        ``step``."""
         if self.alone_streak < self.config.alone_rounds or time.monotonic() < self._probe_after:
             return
-        asked = sorted(self._subscribed - {self.peer_id})[:_PROBE_PEERS]
-        answers = await asyncio.gather(
-            *(request_newest(self.swarm.host.control_path, peer_id(p), _PROBE_TIMEOUT_S) for p in asked)
-        )
-        steps = [s for s in answers if s is not None]
-        if any(s > step for s in steps):
-            raise FellBehind(
-                f"step {step}: no other producer heard in {self.alone_streak + 1} rounds while peers in "
-                f"our topic are at steps up to {max(steps)}; this replica cannot hear the swarm",
-                max(steps),
+        give_up = time.monotonic() + (_NEAR_STEPS + 2) * self.round_deadline_s
+        waited = False
+        while True:
+            asked = sorted(self._subscribed - {self.peer_id})[:_PROBE_PEERS]
+            control = self.swarm.host.control_path
+            answers = await asyncio.gather(
+                *(request_newest(control, peer_id(p), _PROBE_TIMEOUT_S) for p in asked)
             )
-        near = [s for s in steps if s >= step - _NEAR_STEPS]
-        if near:
-            self.alone_refused += 1
-            raise RoundUnavailable(
-                f"step {step}: not applying a round of one: {len(near)} peer(s) in our topic are in step "
-                f"(at {min(near)}-{max(near)}) but none of their announcements reached us"
+            at = {p: s for p, s in zip(asked, answers, strict=True) if s is not None}
+            if any(s > step for s in at.values()):
+                raise FellBehind(
+                    f"step {step}: no other producer heard while peers in our topic are at steps up to "
+                    f"{max(at.values())}; this replica cannot hear the swarm",
+                    max(at.values()),
+                )
+            near = sorted(
+                (p for p, s in at.items() if s >= step - _NEAR_STEPS), key=lambda p: leader_rank(step, p)
             )
-        self._probe_after = time.monotonic() + _RECHECK_S
+            if not near:
+                self._probe_after = time.monotonic() + _RECHECK_S
+                return
+            if not waited:
+                waited = True
+                self.alone_waits += 1
+                log.info("round %d: nobody heard, %d peer(s) in step (at %d-%d): waiting for them", step,
+                         len(near), min(at[p] for p in near), max(at[p] for p in near))  # fmt: skip
+            for peer in near:  # one in step may have sealed this round already
+                data = await request_manifest(control, peer_id(peer), step, _PROBE_TIMEOUT_S)
+                if data is None:
+                    continue
+                try:
+                    self._accept_manifest(data, peer)
+                except Rejected as e:
+                    self.rejected[e.code] += 1
+            if state.manifests or (set(state.announced) | set(state.frames)) - {self.peer_id}:
+                return
+            left = give_up - time.monotonic()
+            if left <= 0:
+                log.warning("round %d: %d peer(s) in step but unheard for %.0f s: applying a round of one",
+                            step, len(near), (_NEAR_STEPS + 2) * self.round_deadline_s)  # fmt: skip
+                return
+            state.changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(state.changed.wait(), min(1.0, left))
 
     def _recent_producers(self, step: int) -> set[bytes]:
         """The peers that may lead ``step`` although their announcement of it has not reached us
-        (yet): every producer heard in the two rounds before it (late ones included), and — while
-        either of those rounds was not decided here (a start, a resync) — every peer in our
-        announcement topic."""
+        (yet): every producer heard in the two rounds before it (late ones included) or accepted
+        in them, and — while either of those rounds was not decided here (a start, a resync) —
+        every peer in our announcement topic."""
         out: set[bytes] = set()
         for prev in (step - 1, step - 2):
             held = self._rounds.get(prev)
@@ -514,6 +564,8 @@ class AsyncSwarmExchange:
                 out.update(self._subscribed)
             if held is not None:
                 out.update(held.announced, held.late)
+                if held.decided is not None:  # accepted without being heard: we are deaf to it
+                    out.update(held.decided)
         out.discard(self.peer_id)
         return out
 

@@ -1,13 +1,15 @@
-"""A replica that hears nobody, over three REAL p2pd peers on loopback (exchange doc, "Alone").
+"""A replica that hears nobody, over three REAL p2pd peers on loopback (exchange doc, "Hearing nobody").
 
 C's gossip is made deaf (its announcement and manifest handlers drop every message) while A and
-B hear C and pull its packets, as when C's p2pd is starved:
+B hear C and pull its packets, as when C's p2pd is starved. Steps (one module, in order):
 
-1. C applies ``alone_rounds`` rounds of one, then asks its topic's peers which step they are at:
-   they are in step with it, so it refuses the next round of one (``RoundUnavailable``, not a
-   round of one that would let it run ahead), while A's and B's rounds hold all three packets.
-2. When A and B have moved past C's step, C's round of one raises ``FellBehind`` with their step.
-3. When every peer in the topic is far behind (paused, dead, syncing), C keeps training alone.
+1. In step with A and B, C still applies the swarm's rounds (its own packet included): it asks
+   the producers of its last accepted sets for each round's manifest. Nothing is a round of one.
+2. C runs ahead of A and B (rounds of one: it knows no producer but itself). It then asks which
+   step they are at, waits for them while they are in step (8 steps or fewer behind), and when
+   they reach its step it adopts their manifest of that round: the same accepted set as theirs.
+3. C far ahead of A and B (as if they were paused): it trains on alone, asking only once.
+4. A and B past C's step while C knows nobody: ``FellBehind`` with their step.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from distronet.node.exchange.base import RoundUnavailable
 from distronet.node.swarm.exchange import AsyncSwarmExchange, ExchangeConfig, FellBehind, manifest_topic
 from distronet.node.swarm.manifest_ask import request_newest
 from distronet.node.swarm.membership import MembershipConfig
@@ -31,11 +32,11 @@ from distronet.protocol.identity import Identity
 from distronet.protocol.layout import layout_digest
 from distronet.protocol.packet import seal_packet
 
-pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow, pytest.mark.timeout(240)]
 
 RUN = "alone-run"
 DIGEST = layout_digest([("w", (64, 64), 32)])
-CONFIG = ExchangeConfig(round_deadline_s=1.5, manifest_grace_s=0.2, manifest_wait_s=1.0, pull_timeout_s=10.0)
+CONFIG = ExchangeConfig(round_deadline_s=1.5, manifest_grace_s=0.2, manifest_wait_s=0.5, pull_timeout_s=10.0)
 Peers = list[tuple[Swarm, AsyncSwarmExchange]]
 
 
@@ -91,48 +92,68 @@ def packet(swarm: Swarm, step: int) -> bytes:
     return seal_packet(swarm.identity, RUN, step, DIGEST, os.urandom(20_000))
 
 
-async def test_a_deaf_replica_refuses_to_run_ahead_then_falls_behind(peers: Peers) -> None:
-    (a, xa), (b, xb), (c, xc) = peers
-    everyone = {s.identity.peer_id for s, _ in peers}
-    assert CONFIG.alone_rounds == 2
-    step, refused = 0, -1
-    while refused < 0 and step < 8:
+async def advance(peers: Peers, steps: range) -> list[dict[bytes, bytes]]:
+    """``peers`` publish and collect each of ``steps`` together; the last step's accepted sets."""
+    rounds: list[dict[bytes, bytes]] = []
+    for step in steps:
         for swarm, ex in peers:
             await ex.publish(step, packet(swarm, step))
-        ra, rb, rc = await asyncio.gather(*(ex.collect(step) for _, ex in peers), return_exceptions=True)
-        assert not isinstance(ra, BaseException) and not isinstance(rb, BaseException), (ra, rb)
-        assert dict(ra) == dict(rb), step
-        if isinstance(rc, RoundUnavailable):
-            refused = step
-            assert set(ra) == everyone, step  # A and B hear C: all three count
-        else:  # a start-up round C settled by asking for A's or B's manifest, or a round of one
-            assert not isinstance(rc, BaseException), rc
-            assert dict(rc) == dict(ra) or set(rc) == {c.identity.peer_id}, step
-        step += 1
-    # after two rounds of one in a row C asked A and B, who were at its step: it refused a third
-    assert refused >= 2 and not isinstance(rc, FellBehind) and "in step" in str(rc), (refused, rc)
-    assert xc.alone_refused == 1 and xc.alone_streak == 2
-    assert xa.alone_refused == xb.alone_refused == 0 and xa.alone_streak == xb.alone_streak == 0
-    assert await request_newest(c.host.control_path, a.host.peer_id, 2.0) == refused
+        rounds = [dict(r) for r in await asyncio.gather(*(ex.collect(step) for _, ex in peers))]
+        names = {s.identity.peer_id: "ABC"[i] for i, (s, _) in enumerate(peers)}
+        assert all(r == rounds[0] for r in rounds), (step, [sorted(names[p] for p in r) for r in rounds])
+    return rounds
 
-    swarm_step = refused + 4
-    for step in range(refused + 1, swarm_step + 1):  # A and B move on without C
-        for swarm, ex in ((a, xa), (b, xb)):
-            await ex.publish(step, packet(swarm, step))
-        ra, rb = await asyncio.gather(xa.collect(step), xb.collect(step))
-        assert dict(ra) == dict(rb) and set(ra) == {a.identity.peer_id, b.identity.peer_id}
-    behind = refused + 2
-    await xc.publish(behind, packet(c, behind))
-    with pytest.raises(FellBehind) as info:  # C asked A and B which step they are at
-        await xc.collect(behind)
-    assert info.value.swarm_step == swarm_step and "cannot hear the swarm" in str(info.value)
+
+async def test_a_deaf_replica_in_step_applies_the_swarms_rounds(peers: Peers) -> None:
+    c = peers[2][0]
+    everyone = {s.identity.peer_id for s, _ in peers}
+    whole = 0
+    for step in range(5):
+        rounds = await advance(peers, range(step, step + 1))  # identical on all three
+        assert c.identity.peer_id in rounds[0], step  # A and B hear C; C asks for their manifests
+        # (a round of C's packet alone is one C led, ranked first, before anyone else had sealed it)
+        whole += set(rounds[0]) == everyone
+    assert whole >= 1
+
+
+async def test_a_deaf_replica_ahead_waits_for_peers_in_step_and_adopts_their_round(peers: Peers) -> None:
+    (a, xa), (b, xb), (c, xc) = peers  # all three at step 4
+    ahead = 9
+    for step in (7, 8):  # C runs ahead: rounds of one (nobody has a manifest of these to give)
+        await xc.publish(step, packet(c, step))
+        assert set(await xc.collect(step)) == {c.identity.peer_id}, step
+    await xc.publish(ahead, packet(c, ahead))  # two rounds of one before it: C knows nobody
+    waiting = asyncio.ensure_future(xc.collect(ahead))  # asks A and B (at 4): in step, so it waits
+
+    async def waits() -> bool:
+        return xc.alone_waits == 1
+
+    await eventually(waits, 10.0, "C to wait for A and B")
+    assert not waiting.done()
+    rounds = await advance([(a, xa), (b, xb)], range(5, ahead + 1))  # A and B reach C's step
+    got = dict(await asyncio.wait_for(waiting, 30.0))
+    assert got == rounds[0]  # C adopted their manifest of that step: the swarm's accepted set
+    assert await request_newest(c.host.control_path, a.host.peer_id, 2.0) == ahead
 
 
 async def test_a_replica_whose_peers_are_far_behind_keeps_training_alone(peers: Peers) -> None:
-    (_a, xa), (_b, _xb), (c, xc) = peers  # A and B stay where they are, as if paused
+    (_a, xa), (_b, _xb), (c, xc) = peers  # A and B at step 9
     first = xa._newest + 20
-    refused = xc.alone_refused
+    waits = xc.alone_waits
     for step in range(first, first + 4):
         await xc.publish(step, packet(c, step))
-        assert set(await xc.collect(step)) == {c.identity.peer_id}
-    assert xc.alone_streak >= 2 and xc.alone_refused == refused
+        assert set(await xc.collect(step)) == {c.identity.peer_id}, step
+    assert xc.alone_streak >= 2 and xc.alone_waits == waits
+    assert xc._probe_after > time.monotonic()  # asked once, found nobody near: on alone
+
+
+async def test_a_replica_that_knows_nobody_and_is_behind_its_peers_falls_behind(peers: Peers) -> None:
+    (a, xa), (b, xb), (c, xc) = peers
+    jump = xc._newest + 10
+    await advance([(a, xa), (b, xb)], range(jump, jump + 1))  # A and B jump past C
+    xc._probe_after = 0.0  # the recheck period of the previous test is over
+    behind = xc._newest + 1
+    await xc.publish(behind, packet(c, behind))
+    with pytest.raises(FellBehind) as info:
+        await xc.collect(behind)
+    assert info.value.swarm_step == jump and "cannot hear the swarm" in str(info.value)

@@ -90,8 +90,8 @@ def test_run_exchange_table_sets_the_warm_up_mask() -> None:
 
 
 def test_run_exchange_table_sets_the_rounds_of_one_before_asking() -> None:
-    assert exchange_config({}).alone_rounds == 2
-    assert exchange_config({"alone_rounds": 0}).alone_rounds == 0
+    assert exchange_config({}).alone_rounds == 0
+    assert exchange_config({"alone_rounds": 3}).alone_rounds == 3
     for bad in (-1, 1001):
         with pytest.raises(ConfigError, match="alone_rounds"):
             exchange_config({"alone_rounds": bad})

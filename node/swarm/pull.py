@@ -66,6 +66,14 @@ def _observe(task: asyncio.Future[bytes]) -> None:
         task.exception()
 
 
+def _write(writer: asyncio.StreamWriter, data: bytes | memoryview) -> None:
+    """``writer.write``, or ConnectionResetError when the other side has closed the stream
+    meanwhile (uvloop raises RuntimeError for a write on a closed transport)."""
+    if writer.is_closing():
+        raise ConnectionResetError("the puller closed the stream")
+    writer.write(data)
+
+
 def encode_request(digest: bytes, max_bytes: int) -> bytes:
     return _MAGIC + digest + max_bytes.to_bytes(8, "big")
 
@@ -211,18 +219,18 @@ class Puller:
         digest, max_bytes = req[4:36], int.from_bytes(req[36:], "big")
         data = self.store.get(digest)
         if data is None:
-            writer.write(encode_response_header(_NOT_FOUND, 0))
+            _write(writer, encode_response_header(_NOT_FOUND, 0))
         elif len(data) > max_bytes:
-            writer.write(encode_response_header(_TOO_LARGE, len(data)))
+            _write(writer, encode_response_header(_TOO_LARGE, len(data)))
         else:
             head = encode_response_header(_OK, len(data))
             self.bandwidth.sent(len(head))
-            writer.write(head)
+            _write(writer, head)
             view = memoryview(data)
             for off in range(0, len(data), _CHUNK):
                 piece = view[off : off + _CHUNK]
                 await self.bandwidth.send(len(piece))
-                writer.write(piece)
+                _write(writer, piece)
                 await writer.drain()
             self.served += 1
         await writer.drain()

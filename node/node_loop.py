@@ -202,7 +202,7 @@ def _account(node: Node, res: StepResult, wall: float, up0: int, down0: int, dig
         s.record_round(report.step, [_b58(p) for p in report.accepted])
     if node.core is not None:
         s.warmup_heard = node.core.warmup_heard
-        s.alone_waits = node.core.alone_waits
+        s.alone_waits = node.core.alone.waits
     if node.client is not None:
         s.pending_reports = node.client.pending
     s.record_digest(res.step, digest)

@@ -48,23 +48,12 @@ swarm: its next round has no other producer while valid announcements of its pee
 past its window. ``collect`` then raises ``FellBehind`` (a ``RoundUnavailable``) instead of
 applying a round of one, and the daemon adopts the swarm's current state.
 
-**Hearing nobody.** A replica whose gossip delivers nothing (its p2pd starved or stuck) hears no
-producer but its own, although its peers hear it and accept its packets. Two things keep it in
-the swarm's rounds instead of applying rounds of one and running ahead:
-
-- The producers it *knows* for step ``t`` include those in the accepted sets it applied for
-  ``t - 1`` and ``t - 2`` (not only those it heard), and a replica that heard no other producer
-  asks those it knows for a manifest of ``t`` they may have sealed (``manifest_ask``) *before*
-  it leads: it applies the swarm's round, its own packet included, not one of its own.
-- When it knows nobody but itself (the two rounds before were rounds of one) while other peers
-  are in the announcement topic, then after ``alone_rounds`` such rounds in a row (default 0:
-  at the first) it asks up to ``_PROBE_PEERS`` of them which step they are at
-  (``manifest_ask.request_newest``) before freezing the round. A peer past this step →
-  ``FellBehind``. Peers at most ``_NEAR_STEPS`` below it (alive, in step, unheard) → it waits
-  for them, re-asking about once a second and asking them for this step's manifest (adopted
-  when one has sealed it), for at most ``_NEAR_STEPS + 2`` round deadlines. No answer, or only
-  peers far behind (dead, paused, still syncing) → the round of one is applied, and the peers
-  are asked again after ``_RECHECK_S``. A node whose peers all died keeps training.
+**Hearing nobody.** A replica whose gossip delivers nothing (its p2pd starved) hears no producer
+but itself while its peers hear it. It stays in the swarm's rounds: the producers it *knows* for
+``t`` include those it accepted in ``t - 1`` and ``t - 2``, and before leading a round in which
+it heard nobody it asks them for a manifest they may have sealed (``manifest_ask``). When it
+knows nobody but itself while peers are in the topic, ``alone.AloneWatch`` asks them their step
+before the round is frozen: past it → ``FellBehind``; in step → wait for them; else go on alone.
 
 ``exchange_sync.SwarmExchange`` wraps this async core in the synchronous ``Exchange`` interface.
 """
@@ -77,7 +66,6 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
 from typing import Any
 
 from distronet.node.exchange.base import (
@@ -87,8 +75,10 @@ from distronet.node.exchange.base import (
     Round,
     RoundUnavailable,
 )
+from distronet.node.swarm.alone import PROBE_TIMEOUT_S, AloneWatch
 from distronet.node.swarm.control import peer_id
 from distronet.node.swarm.errors import PullError, SwarmError
+from distronet.node.swarm.exchange_types import ExchangeConfig, FellBehind, RoundState, manifest_topic
 from distronet.node.swarm.holdback import HoldBack
 from distronet.node.swarm.manifest import (
     Entry,
@@ -108,9 +98,8 @@ from distronet.node.swarm.p2p import with_deadline
 from distronet.node.swarm.pubsub import Gossip, Subscription
 from distronet.node.swarm.stack import Swarm
 from distronet.protocol.announce import Announcement, open_announcement, seal_announcement
-from distronet.protocol.errors import ConfigError, RejectCode, Rejected
+from distronet.protocol.errors import RejectCode, Rejected
 from distronet.protocol.identity import peer_id_to_b58
-from distronet.protocol.limits import DEFAULT_LIMITS, Limits
 
 __all__ = [
     "MANIFEST_PULL_PROTOCOL",
@@ -122,65 +111,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_PROBE_PEERS = 4  # topic peers asked for their step before a round of one ("Hearing nobody")
-_PROBE_TIMEOUT_S = 1.0
-_NEAR_STEPS = 8  # a peer at most this far below our step is in step with us
-_RECHECK_S = 10.0  # after a probe found nobody near, rounds of one go on unasked this long
-
-
-def manifest_topic(run_id: str) -> str:
-    return f"distronet/{run_id}/manifest"
-
-
-class FellBehind(RoundUnavailable):
-    """This replica's round had no other producer while its peers announce steps past its
-    window (up to ``swarm_step``): it was paused or cut off and must adopt the swarm's state."""
-
-    def __init__(self, message: str, swarm_step: int) -> None:
-        super().__init__(message)
-        self.swarm_step = swarm_step
-
-
-@dataclass(frozen=True)
-class ExchangeConfig:
-    """Round timing (seconds) and bounds. ``round_deadline_s`` is the initial deadline; the daemon
-    adapts it to observed step times with ``AsyncSwarmExchange.round_deadline_s = ...``."""
-
-    round_deadline_s: float = 5.0
-    manifest_grace_s: float = 0.5
-    manifest_wait_s: float = 3.0
-    pull_timeout_s: float = 30.0
-    retention: int = 8
-    max_manifest_entries: int = 1024
-    warmup_mask_steps: int = 3
-    """Steps a replica that adopted the swarm's state publishes masked packets (module doc)."""
-    alone_rounds: int = 0
-    """Rounds of one applied unasked, while peers are in the topic, before asking them their step
-    (module doc, "Hearing nobody")."""
-    limits: Limits = DEFAULT_LIMITS
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.warmup_mask_steps <= 1000:
-            raise ConfigError(f"warmup_mask_steps must be in 0..1000, got {self.warmup_mask_steps}")
-        if not 0 <= self.alone_rounds <= 1000:
-            raise ConfigError(f"alone_rounds must be in 0..1000, got {self.alone_rounds}")
-
-
-@dataclass
-class _RoundState:
-    opened_at: float
-    announced: dict[bytes, Announcement] = field(default_factory=dict)
-    frames: dict[bytes, tuple[bytes, bytes]] = field(default_factory=dict)  # peer -> (sha, frame)
-    pulls: dict[bytes, asyncio.Task[None]] = field(default_factory=dict)
-    manifests: dict[bytes, RoundManifest] = field(default_factory=dict)  # leader -> manifest
-    warm: set[bytes] = field(default_factory=set)  # producers whose packet is a masked warm-up one
-    late: set[bytes] = field(default_factory=set)  # producers first heard after the freeze
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-    frozen: bool = False
-    deciding: asyncio.Task[Round] | None = None
-    sealed: bytes | None = None  # the manifest we signed for this step, served on request
-    decided: Round | None = None
-
 
 class AsyncSwarmExchange:
     """The exchange's async core on one node's ``Swarm``. Build with :meth:`create`."""
@@ -188,7 +118,7 @@ class AsyncSwarmExchange:
     def __init__(self, swarm: Swarm, config: ExchangeConfig, manifests: Gossip) -> None:
         self.swarm, self.config, self._manifest_gossip = swarm, config, manifests
         self._stats = ExchangeStats()
-        self._rounds: dict[int, _RoundState] = {}
+        self._rounds: dict[int, RoundState] = {}
         self._own: set[int] = set()
         self._newest = -1
         self._subs: list[Subscription] = []
@@ -205,9 +135,7 @@ class AsyncSwarmExchange:
         self.warmup_heard = 0  # warm-up announcements of other producers: live, but masked
         self._early_notes: HoldBack[Announcement] = HoldBack(config.retention)  # past our window
         self._early_manifests: HoldBack[RoundManifest] = HoldBack(config.retention)
-        self.alone_streak = 0  # rounds of one applied in a row while peers were in the topic
-        self.alone_waits = 0  # rounds of one held back for unheard peers in step with us
-        self._probe_after = 0.0  # rounds of one go on unasked until then (monotonic)
+        self.alone = AloneWatch(config.alone_rounds)  # rounds of one while peers are in the topic
 
     def start_warmup(self, step: int) -> int:
         """Publish masked packets for ``step`` .. ``step + warmup_mask_steps - 1``; returns the
@@ -261,7 +189,7 @@ class AsyncSwarmExchange:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _round(self, step: int, *, local: bool) -> _RoundState | None:
+    def _round(self, step: int, *, local: bool) -> RoundState | None:
         """The round of ``step``, opened if new. Only local calls (publish/collect) move the window;
         gossip may open rounds only inside it (``retention`` back, ``limits.max_step_lead`` ahead),
         so a peer cannot push us forward or make us hold unbounded rounds."""
@@ -273,7 +201,7 @@ class AsyncSwarmExchange:
             return None
         if not local and (step > self._newest + lead if self._newest >= 0 else len(self._rounds) >= 2 * keep):
             return None
-        state = self._rounds[step] = _RoundState(time.monotonic())
+        state = self._rounds[step] = RoundState(time.monotonic())
         if local and step > self._newest:
             self._newest = step
             for old in [s for s in self._rounds if not step - keep < s <= step + lead]:
@@ -346,7 +274,7 @@ class AsyncSwarmExchange:
             )
         self._admit(state, ann)
 
-    def _admit(self, state: _RoundState, ann: Announcement) -> None:
+    def _admit(self, state: RoundState, ann: Announcement) -> None:
         """A valid announcement of a round in our window: note it and pull its frame if we can."""
         if ann.peer_id in state.announced:
             self._stats.duplicates_dropped += 1
@@ -370,14 +298,14 @@ class AsyncSwarmExchange:
         self._inflight_bytes += ann.packet_size
         state.pulls[ann.peer_id] = asyncio.ensure_future(self._pull_announced(state, ann, left))
 
-    async def _pull_announced(self, state: _RoundState, ann: Announcement, timeout: float) -> None:
+    async def _pull_announced(self, state: RoundState, ann: Announcement, timeout: float) -> None:
         try:
             await self._pull_announced_inner(state, ann, timeout)
         finally:
             self._inflight_bytes -= ann.packet_size
             state.changed.set()  # the round may be complete now
 
-    async def _pull_announced_inner(self, state: _RoundState, ann: Announcement, timeout: float) -> None:
+    async def _pull_announced_inner(self, state: RoundState, ann: Announcement, timeout: float) -> None:
         try:
             frame = await self.swarm.puller.fetch(
                 peer_id(ann.peer_id), ann.packet_sha256, max_bytes=ann.packet_size, size=ann.packet_size,
@@ -441,7 +369,7 @@ class AsyncSwarmExchange:
         return out
 
     @staticmethod
-    def _complete(state: _RoundState, expected: set[bytes]) -> bool:
+    def _complete(state: RoundState, expected: set[bytes]) -> bool:
         """Every expected producer announced this round and no pull of it is still running."""
         return (
             bool(expected)
@@ -449,7 +377,7 @@ class AsyncSwarmExchange:
             and all(t.done() for t in state.pulls.values())
         )
 
-    async def _until_frozen(self, step: int, state: _RoundState) -> None:
+    async def _until_frozen(self, step: int, state: RoundState) -> None:
         """Wait for the round's deadline, or less: until it is complete (nothing more is coming
         from the topic's peers and the producers of the last two rounds). Only a producer unknown
         to both loses by an early close (its packet counts from its next round); the manifest
@@ -464,13 +392,19 @@ class AsyncSwarmExchange:
                 await asyncio.wait_for(state.changed.wait(), left)
         self.closed_early += 1
 
-    async def _decide(self, step: int, state: _RoundState) -> Round:
+    async def _decide(self, step: int, state: RoundState) -> Round:
         await self._until_frozen(step, state)
         if state.decided is not None:
             return state.decided
         alone = self._alone(step, state)
         if alone:
-            await self._unless_alone(step, state)
+            await self.alone.settle(
+                step, self._subscribed - {self.peer_id},
+                ask_step=lambda p: request_newest(self.swarm.host.control_path, peer_id(p), PROBE_TIMEOUT_S),
+                ask_manifest=lambda p: self._ask_manifest(step, p, PROBE_TIMEOUT_S),
+                heard=lambda: bool(state.manifests) or self._heard_others(state),
+                changed=state.changed, round_deadline_s=self.round_deadline_s, fell_behind=FellBehind,
+            )  # fmt: skip
             pending = [t for t in state.pulls.values() if not t.done()]
             if pending:  # someone announced while we waited: let its frame arrive
                 await asyncio.wait(pending, timeout=self.round_deadline_s)
@@ -489,68 +423,17 @@ class AsyncSwarmExchange:
             self._spawn(self._lead(step, state, ranked.index(self.peer_id)))
         manifest = await self._await_manifest(step, state, ranked)
         state.decided = await self._fill(step, state, manifest)
-        self.alone_streak = self.alone_streak + 1 if alone and len(state.decided) <= 1 else 0
+        self.alone.decided(alone, len(state.decided))
         return state.decided
 
-    def _alone(self, step: int, state: _RoundState) -> bool:
-        """We produced this round, know no other producer of it or of the two before it, and
-        other peers are in our announcement topic."""
-        others = self._subscribed - {self.peer_id}
-        heard = (set(state.announced) | set(state.frames)) - {self.peer_id}
-        return bool(others) and not heard and not self._recent_producers(step)
+    def _heard_others(self, state: RoundState) -> bool:
+        return bool((set(state.announced) | set(state.frames)) - {self.peer_id})
 
-    async def _unless_alone(self, step: int, state: _RoundState) -> None:
-        """Before a round of one while peers are in our topic (module doc, "Hearing nobody"):
-        from the ``alone_rounds``-th in a row, ask them which step they are at; wait for those in
-        step with us. Returns when we may decide the round (someone's announcement or manifest
-        arrived, nobody is near, or the wait ran out); raises ``FellBehind`` when a peer is past
-        ``step``."""
-        if self.alone_streak < self.config.alone_rounds or time.monotonic() < self._probe_after:
-            return
-        give_up = time.monotonic() + (_NEAR_STEPS + 2) * self.round_deadline_s
-        waited = False
-        while True:
-            asked = sorted(self._subscribed - {self.peer_id})[:_PROBE_PEERS]
-            control = self.swarm.host.control_path
-            answers = await asyncio.gather(
-                *(request_newest(control, peer_id(p), _PROBE_TIMEOUT_S) for p in asked)
-            )
-            at = {p: s for p, s in zip(asked, answers, strict=True) if s is not None}
-            if any(s > step for s in at.values()):
-                raise FellBehind(
-                    f"step {step}: no other producer heard while peers in our topic are at steps up to "
-                    f"{max(at.values())}; this replica cannot hear the swarm",
-                    max(at.values()),
-                )
-            near = sorted(
-                (p for p, s in at.items() if s >= step - _NEAR_STEPS), key=lambda p: leader_rank(step, p)
-            )
-            if not near:
-                self._probe_after = time.monotonic() + _RECHECK_S
-                return
-            if not waited:
-                waited = True
-                self.alone_waits += 1
-                log.info("round %d: nobody heard, %d peer(s) in step (at %d-%d): waiting for them", step,
-                         len(near), min(at[p] for p in near), max(at[p] for p in near))  # fmt: skip
-            for peer in near:  # one in step may have sealed this round already
-                data = await request_manifest(control, peer_id(peer), step, _PROBE_TIMEOUT_S)
-                if data is None:
-                    continue
-                try:
-                    self._accept_manifest(data, peer)
-                except Rejected as e:
-                    self.rejected[e.code] += 1
-            if state.manifests or (set(state.announced) | set(state.frames)) - {self.peer_id}:
-                return
-            left = give_up - time.monotonic()
-            if left <= 0:
-                log.warning("round %d: %d peer(s) in step but unheard for %.0f s: applying a round of one",
-                            step, len(near), (_NEAR_STEPS + 2) * self.round_deadline_s)  # fmt: skip
-                return
-            state.changed.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(state.changed.wait(), min(1.0, left))
+    def _alone(self, step: int, state: RoundState) -> bool:
+        """We know no other producer of this round or of the two before it, and other peers are in
+        our announcement topic (module doc, "Hearing nobody")."""
+        others = self._subscribed - {self.peer_id}
+        return bool(others) and not self._heard_others(state) and not self._recent_producers(step)
 
     def _recent_producers(self, step: int) -> set[bytes]:
         """The peers that may lead ``step`` although their announcement of it has not reached us
@@ -580,7 +463,7 @@ class AsyncSwarmExchange:
                 max(ahead),
             )
 
-    async def _lead(self, step: int, state: _RoundState, position: int) -> None:
+    async def _lead(self, step: int, state: RoundState, position: int) -> None:
         """Seal our manifest for ``step`` after ``position`` grace periods, unless a better-ranked
         one arrived. When a worse-ranked manifest is already here, we are late (the others froze
         and may have adopted it): we seal *its* entries unchanged rather than our own view, so
@@ -607,7 +490,7 @@ class AsyncSwarmExchange:
         state.changed.set()
         await self._gossip(self._manifest_gossip, manifest_topic(self.swarm.run_id), data)
 
-    async def _await_manifest(self, step: int, state: _RoundState, ranked: list[bytes]) -> RoundManifest:
+    async def _await_manifest(self, step: int, state: RoundState, ranked: list[bytes]) -> RoundManifest:
         give_up = time.monotonic() + self.config.manifest_wait_s + len(ranked) * self.config.manifest_grace_s
         while True:
             late = time.monotonic() >= give_up
@@ -628,23 +511,27 @@ class AsyncSwarmExchange:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(state.changed.wait(), max(0.01, give_up - time.monotonic()))
 
-    async def _ask_better(self, step: int, state: _RoundState, ranked: list[bytes], tries: int = 3) -> None:
+    async def _ask_better(self, step: int, state: RoundState, ranked: list[bytes], tries: int = 3) -> None:
         """Pull the manifest straight from up to ``tries`` producers ranked above the best we hold."""
         best = min((m.rank for m in state.manifests.values()), default=None)
         better = [p for p in ranked if p != self.peer_id and (best is None or leader_rank(step, p) < best)]
         for peer in better[:tries]:
-            data = await request_manifest(
-                self.swarm.host.control_path, peer_id(peer), step, min(2.0, 4 * self.config.manifest_grace_s)
-            )
-            if data is None:
-                continue
-            try:
-                self._accept_manifest(data, peer)
-            except Rejected as e:
-                self.rejected[e.code] += 1
-                continue
-            if peer in state.manifests:
+            got = await self._ask_manifest(step, peer, min(2.0, 4 * self.config.manifest_grace_s))
+            if got and peer in state.manifests:
                 return
+
+    async def _ask_manifest(self, step: int, peer: bytes, timeout: float) -> bool:
+        """Ask ``peer`` for the manifest it sealed for ``step`` and accept it; True when a valid
+        one came (a bad one is counted in ``rejected``)."""
+        data = await request_manifest(self.swarm.host.control_path, peer_id(peer), step, timeout)
+        if data is None:
+            return False
+        try:
+            self._accept_manifest(data, peer)
+        except Rejected as e:
+            self.rejected[e.code] += 1
+            return False
+        return True
 
     async def _serve_manifest(
         self, _info: object, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -655,7 +542,7 @@ class AsyncSwarmExchange:
 
         await serve_manifest_request(reader, writer, sealed, lambda: self._newest)
 
-    async def _fill(self, step: int, state: _RoundState, manifest: RoundManifest) -> Round:
+    async def _fill(self, step: int, state: RoundState, manifest: RoundManifest) -> Round:
         """The manifest's frames: held ones as they are, the rest pulled concurrently by hash."""
         for task in state.pulls.values():  # announced pulls are past their deadline by now
             task.cancel()

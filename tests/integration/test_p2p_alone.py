@@ -1,4 +1,4 @@
-"""A replica that hears nobody, over three REAL p2pd peers on loopback (exchange doc, "Hearing nobody").
+"""A replica that hears nobody, over three REAL p2pd peers (exchange doc "Hearing nobody"; swarm.alone).
 
 C's gossip is made deaf (its announcement and manifest handlers drop every message) while A and
 B hear C and pull its packets, as when C's p2pd is starved. Steps (one module, in order):
@@ -126,7 +126,7 @@ async def test_a_deaf_replica_ahead_waits_for_peers_in_step_and_adopts_their_rou
     waiting = asyncio.ensure_future(xc.collect(ahead))  # asks A and B (at 4): in step, so it waits
 
     async def waits() -> bool:
-        return xc.alone_waits == 1
+        return xc.alone.waits == 1
 
     await eventually(waits, 10.0, "C to wait for A and B")
     assert not waiting.done()
@@ -139,19 +139,19 @@ async def test_a_deaf_replica_ahead_waits_for_peers_in_step_and_adopts_their_rou
 async def test_a_replica_whose_peers_are_far_behind_keeps_training_alone(peers: Peers) -> None:
     (_a, xa), (_b, _xb), (c, xc) = peers  # A and B at step 9
     first = xa._newest + 20
-    waits = xc.alone_waits
+    waits = xc.alone.waits
     for step in range(first, first + 4):
         await xc.publish(step, packet(c, step))
         assert set(await xc.collect(step)) == {c.identity.peer_id}, step
-    assert xc.alone_streak >= 2 and xc.alone_waits == waits
-    assert xc._probe_after > time.monotonic()  # asked once, found nobody near: on alone
+    assert xc.alone.streak >= 2 and xc.alone.waits == waits
+    assert xc.alone.quiet_until > time.monotonic()  # asked once, found nobody near: on alone
 
 
 async def test_a_replica_that_knows_nobody_and_is_behind_its_peers_falls_behind(peers: Peers) -> None:
     (a, xa), (b, xb), (c, xc) = peers
     jump = xc._newest + 10
     await advance([(a, xa), (b, xb)], range(jump, jump + 1))  # A and B jump past C
-    xc._probe_after = 0.0  # the recheck period of the previous test is over
+    xc.alone.quiet_until = 0.0  # the recheck period of the previous test is over
     behind = xc._newest + 1
     await xc.publish(behind, packet(c, behind))
     with pytest.raises(FellBehind) as info:

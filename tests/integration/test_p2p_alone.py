@@ -17,18 +17,15 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
+from p2p_trio import eventually, trio
 
-from distronet.node.swarm.exchange import AsyncSwarmExchange, ExchangeConfig, FellBehind, manifest_topic
+from distronet.node.swarm.exchange import AsyncSwarmExchange, ExchangeConfig, FellBehind
 from distronet.node.swarm.manifest_ask import request_newest
-from distronet.node.swarm.membership import MembershipConfig
-from distronet.node.swarm.p2p import SwarmConfig
 from distronet.node.swarm.stack import Swarm
-from distronet.protocol.identity import Identity
 from distronet.protocol.layout import layout_digest
 from distronet.protocol.packet import seal_packet
 
@@ -40,52 +37,14 @@ CONFIG = ExchangeConfig(round_deadline_s=1.5, manifest_grace_s=0.2, manifest_wai
 Peers = list[tuple[Swarm, AsyncSwarmExchange]]
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
-async def start(tmp: Path, name: str, boot: tuple[str, ...] = ()) -> tuple[Swarm, AsyncSwarmExchange]:
-    identity = Identity.generate()
-    identity.save(tmp / name)
-    cfg = SwarmConfig(
-        identity_path=str(tmp / name), bootstrap=boot, nat_traversal=False, gossip_heartbeat_s=0.2
-    )
-    swarm = await Swarm.start(identity, cfg, MembershipConfig(run_id=RUN, ttl_s=5.0, dht_wait_timeout_s=1.0))
-    return swarm, await AsyncSwarmExchange.create(swarm, CONFIG)
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def peers(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Peers]:
-    tmp = tmp_path_factory.mktemp("alone")
-    out = [await start(tmp, "a")]
-    try:
-        boot = tuple(await out[0][0].host.maddrs())
-        out += [await start(tmp, "b", boot), await start(tmp, "c", boot)]
-
-        async def meshed() -> bool:
-            for swarm, ex in out:
-                others = {s.host.peer_id for s, _ in out} - {swarm.host.peer_id}
-                for topic in (swarm.topic, manifest_topic(RUN)):
-                    if not set(await swarm.gossip.topic_peers(topic)) >= others:
-                        return False
-                if len(ex._subscribed) < 2:  # the exchange's own view of the topic (refreshed each second)
-                    return False
-            return True
-
-        await eventually(meshed, 15.0, "both gossip topics to reach every peer")
+    async with trio(tmp_path_factory.mktemp("alone"), RUN, CONFIG) as out:
         xc = out[2][1]
         # C goes deaf: what its p2pd delivers is dropped, as if it never arrived
         xc._on_announcement = lambda data, sender: None  # type: ignore[method-assign]
         xc._on_manifest = lambda data, sender: None  # type: ignore[method-assign]
         yield out
-    finally:
-        for swarm, ex in out:
-            await ex.close()
-            await swarm.close()
 
 
 def packet(swarm: Swarm, step: int) -> bytes:

@@ -17,18 +17,16 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from p2p_trio import eventually, start_peer, trio
 
 from distronet.node.budget import Bandwidth
 from distronet.node.exchange.base import ExchangeError, Round
 from distronet.node.swarm.exchange import AsyncSwarmExchange, ExchangeConfig, manifest_topic
 from distronet.node.swarm.exchange_sync import SwarmExchange
 from distronet.node.swarm.manifest import leader_rank
-from distronet.node.swarm.membership import MembershipConfig
-from distronet.node.swarm.p2p import SwarmConfig
 from distronet.node.swarm.stack import Swarm
 from distronet.protocol.announce import seal_announcement
 from distronet.protocol.errors import RejectCode
-from distronet.protocol.identity import Identity
 from distronet.protocol.layout import layout_digest
 from distronet.protocol.packet import open_packet, seal_packet
 
@@ -39,48 +37,12 @@ DIGEST = layout_digest([("w", (64, 64), 32)])
 CONFIG = ExchangeConfig(round_deadline_s=1.0, manifest_grace_s=0.3, manifest_wait_s=2.0, pull_timeout_s=10.0)
 
 
-async def eventually(check: AsyncIterator[bool] | object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
-async def start(tmp: Path, name: str, boot: tuple[str, ...] = ()) -> tuple[Swarm, AsyncSwarmExchange]:
-    identity = Identity.generate()
-    identity.save(tmp / name)
-    cfg = SwarmConfig(
-        identity_path=str(tmp / name), bootstrap=boot, nat_traversal=False, gossip_heartbeat_s=0.2
-    )
-    swarm = await Swarm.start(identity, cfg, MembershipConfig(run_id=RUN, ttl_s=5.0, dht_wait_timeout_s=1.0))
-    return swarm, await AsyncSwarmExchange.create(swarm, CONFIG)
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def peers(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[list[tuple[Swarm, AsyncSwarmExchange]]]:
-    tmp = tmp_path_factory.mktemp("xchg")
-    out = [await start(tmp, "a")]
-    try:
-        boot = tuple(await out[0][0].host.maddrs())
-        out += [await start(tmp, "b", boot), await start(tmp, "c", boot)]
-
-        async def meshed() -> bool:
-            for swarm, _ in out:
-                others = {s.host.peer_id for s, _ in out} - {swarm.host.peer_id}
-                for topic in (swarm.topic, manifest_topic(RUN)):
-                    if not set(await swarm.gossip.topic_peers(topic)) >= others:
-                        return False
-            return True
-
-        await eventually(meshed, 15.0, "both gossip topics to reach every peer")
+    async with trio(tmp_path_factory.mktemp("xchg"), RUN, CONFIG) as out:
         yield out
-    finally:
-        for swarm, ex in out:
-            await ex.close()
-            await swarm.close()
 
 
 def packet(swarm: Swarm, step: int) -> bytes:
@@ -246,7 +208,7 @@ async def test_newcomer_is_in_the_accepted_set_within_10_s_of_starting(
 ) -> None:
     (a, xa), (b, xb), _ = peers  # C was killed above
     started = time.monotonic()
-    d, xd = await start(tmp_path, "d", tuple(await a.host.maddrs()))
+    d, xd = await start_peer(tmp_path, "d", RUN, CONFIG, tuple(await a.host.maddrs()))
     try:
 
         async def d_ready() -> bool:

@@ -12,18 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
+from p2p_trio import eventually, trio
 
-from distronet.node.swarm.exchange import AsyncSwarmExchange, ExchangeConfig, FellBehind, manifest_topic
-from distronet.node.swarm.membership import MembershipConfig
-from distronet.node.swarm.p2p import SwarmConfig
+from distronet.node.swarm.exchange import AsyncSwarmExchange, ExchangeConfig, FellBehind
 from distronet.node.swarm.stack import Swarm
-from distronet.protocol.identity import Identity
 from distronet.protocol.layout import layout_digest
 from distronet.protocol.packet import seal_packet
 
@@ -37,46 +33,10 @@ CONFIG = ExchangeConfig(
 Peers = list[tuple[Swarm, AsyncSwarmExchange]]
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
-async def start(tmp: Path, name: str, boot: tuple[str, ...] = ()) -> tuple[Swarm, AsyncSwarmExchange]:
-    identity = Identity.generate()
-    identity.save(tmp / name)
-    cfg = SwarmConfig(
-        identity_path=str(tmp / name), bootstrap=boot, nat_traversal=False, gossip_heartbeat_s=0.2
-    )
-    swarm = await Swarm.start(identity, cfg, MembershipConfig(run_id=RUN, ttl_s=5.0, dht_wait_timeout_s=1.0))
-    return swarm, await AsyncSwarmExchange.create(swarm, CONFIG)
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def peers(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Peers]:
-    tmp = tmp_path_factory.mktemp("warm")
-    out = [await start(tmp, "a")]
-    try:
-        boot = tuple(await out[0][0].host.maddrs())
-        out += [await start(tmp, "b", boot), await start(tmp, "c", boot)]
-
-        async def meshed() -> bool:
-            for swarm, _ in out:
-                others = {s.host.peer_id for s, _ in out} - {swarm.host.peer_id}
-                for topic in (swarm.topic, manifest_topic(RUN)):
-                    if not set(await swarm.gossip.topic_peers(topic)) >= others:
-                        return False
-            return True
-
-        await eventually(meshed, 15.0, "both gossip topics to reach every peer")
+    async with trio(tmp_path_factory.mktemp("warm"), RUN, CONFIG) as out:
         yield out
-    finally:
-        for swarm, ex in out:
-            await ex.close()
-            await swarm.close()
 
 
 def packet(swarm: Swarm, step: int) -> bytes:

@@ -10,7 +10,8 @@ Three measurements in one run (:mod:`distronet.node.bench.network_run`):
    namespace on a veth shaped with tc (``--link-up``/``--link-down``, netem delay where the
    kernel has it), with budgets ``--up``/``--down`` and overlap on; each node's step rate over
    ``--steps`` steps after ``--warmup``, and the busiest 10 s window of bytes counted by the
-   kernel on each veth against the budget. Needs root, ``ip`` and ``tc``.
+   kernel on each veth against the budget. Needs root, ``ip`` and ``tc``. The fraction is
+   reported only when every node's rate was measured (``swarm_fraction``).
 3. **join**: on loopback, the default model, ``--nodes - 1`` nodes training; seconds from
    starting a newcomer's ``distro-node join`` until a peer applies a round that accepted its
    packet.
@@ -26,6 +27,7 @@ import contextlib
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,7 +37,7 @@ from typing import Any
 
 from distronet.node.exitcodes import ExitCode
 
-__all__ = ["DEFAULT_MODEL", "add_parser", "run"]
+__all__ = ["DEFAULT_MODEL", "add_parser", "run", "swarm_fraction"]
 
 DEFAULT_MODEL: dict[str, Any] = {"arch": "gpt", "seed": 0, "batch": 8, "seq_len": 64}
 QUICK_MODEL: dict[str, Any] = {
@@ -93,7 +95,8 @@ def _measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             shaped_steps_per_s=median(shaped.rates),
             shaped_steps_per_s_per_node=shaped.rates,
             resyncs_while_timed=shaped.resyncs,
-            fraction_of_compute_rate=median(shaped.rates) / compute_rate,
+            fraction_of_compute_rate=swarm_fraction(shaped.rates, compute_rate),
+            shaped_nodes_measured=sum(math.isfinite(r) for r in shaped.rates),
             max_budget_overshoot=max(shaped.up_ratio + shaped.down_ratio) - 1.0,
             budget_ratio_up=shaped.up_ratio,
             budget_ratio_down=shaped.down_ratio,
@@ -112,6 +115,15 @@ def _measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         )
         out.update(join_to_first_accept_s=joined.seconds, join_first_accepted_step=joined.first_step)
     return out
+
+
+def swarm_fraction(rates: list[float], compute_rate: float) -> float | None:
+    """The swarm's median step rate over ``compute_rate``; None unless every node's rate was
+    measured. A node that started late (the others' timed window was over when it began) or
+    jumped by a resync has no rate, and the median of the others would not be a swarm's rate."""
+    if not rates or not all(math.isfinite(r) for r in rates) or not compute_rate > 0:
+        return None
+    return statistics.median(rates) / compute_rate
 
 
 def _no_nan(value: Any) -> Any:

@@ -144,3 +144,10 @@ def test_bench_network_cpu_split_per_step_between_two_polls() -> None:
                             "shaped_cpu_split": {"train": 0.125, "optimizer": 0.075, "loop": 0.05,
                                                  "other": 0.025, "p2pd": 0.05}})  # fmt: skip
     assert "0.125 (0.075) / 0.050 / 0.025 / 0.050" in table
+
+
+def test_bench_network_fraction_needs_every_nodes_rate() -> None:
+    nan = float("nan")
+    assert network.swarm_fraction([3.0, 3.2, 3.4, 3.6], 4.0) == pytest.approx(0.825)
+    assert network.swarm_fraction([nan, 3.9, nan, nan], 4.0) is None  # one node measured: no swarm rate
+    assert network.swarm_fraction([], 4.0) is None and network.swarm_fraction([3.0], 0.0) is None

@@ -1,4 +1,4 @@
-"""Shared by the exchange tests over real p2pd peers (test_p2p_exchange, _warmup, _alone): start a
+"""Shared by the tests over real p2pd peers (test_p2p_exchange, _warmup, _alone; _swarm): start a
 peer (its own p2pd, DHT membership and exchange), three of them meshed on both gossip topics,
 and waiting on a condition with a deadline."""
 

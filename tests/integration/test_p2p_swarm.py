@@ -12,13 +12,14 @@ import hashlib
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import psutil
 import pytest
 import pytest_asyncio
+from p2p_trio import eventually
 
 from distronet.node.budget import EXACT, Bandwidth
 from distronet.node.swarm.errors import DaemonError, GossipError, PullError
@@ -33,15 +34,6 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 RUN = "itest-run"
 TTL = 3.0
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
-    """Poll ``check`` until true; fail the test if ``timeout`` seconds pass first."""
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def free_port() -> int:

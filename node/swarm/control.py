@@ -15,7 +15,7 @@ from hivemind.proto import p2pd_pb2 as pb
 
 from distronet.node.swarm.errors import DaemonError
 
-__all__ = ["MAX_CONTROL_FRAME", "open_stream", "peer_id", "read_delimited", "write_delimited"]
+__all__ = ["MAX_CONTROL_FRAME", "open_stream", "peer_id", "read_delimited", "write_delimited", "write_stream"]
 
 MAX_CONTROL_FRAME = 64 * 1024
 _MAX_VARINT_BYTES = 10
@@ -32,6 +32,16 @@ def peer_id(raw: bytes) -> PeerID:
             _PEER_IDS.clear()
         pid = _PEER_IDS[raw] = PeerID(raw)
     return pid
+
+
+def write_stream(writer: asyncio.StreamWriter, data: bytes | memoryview) -> None:
+    """``writer.write`` for a stream handler's answer, or ConnectionResetError when the asker has
+    closed the stream meanwhile: uvloop raises RuntimeError for a write on a closed transport,
+    which escaped the handlers and was logged as an unhandled exception in p2pd's stream handler.
+    Every handler here already treats ConnectionError as the asker leaving."""
+    if writer.is_closing():
+        raise ConnectionResetError("the other side closed the stream")
+    writer.write(data)
 
 
 async def write_delimited(writer: asyncio.StreamWriter, msg: Message) -> None:

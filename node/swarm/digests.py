@@ -30,7 +30,7 @@ from typing import TypeVar
 from hivemind.p2p import PeerID
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
-from distronet.node.swarm.control import open_stream
+from distronet.node.swarm.control import open_stream, write_stream
 from distronet.node.swarm.p2p import SwarmHost, with_deadline
 
 __all__ = ["DIGEST_PROTOCOL", "DigestBoard", "ask_digest", "state_to_adopt"]
@@ -104,7 +104,7 @@ class DigestBoard:
             digest = None
             if req[:4] == _REQUEST:
                 digest = await self.wait_for(struct.unpack(">Q", req[4:])[0], self.wait_s)
-            writer.write(bytes([_UNKNOWN]) if digest is None else bytes([_FOUND]) + digest)
+            write_stream(writer, bytes([_UNKNOWN]) if digest is None else bytes([_FOUND]) + digest)
             await asyncio.wait_for(writer.drain(), 10.0)
             self.served += 1
         except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError):

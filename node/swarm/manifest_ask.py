@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from hivemind.p2p import PeerID
 
-from distronet.node.swarm.control import open_stream
+from distronet.node.swarm.control import open_stream, write_stream
 
 __all__ = [
     "MANIFEST_PULL_PROTOCOL",
@@ -98,7 +98,7 @@ async def serve_manifest_request(
         elif req[:4] == _NEWEST and 0 <= (at := newest()) < _MAX_STEP:
             data = struct.pack(">Q", at)
         data = data or b""
-        writer.write(struct.pack(">I", len(data)) + data)
+        write_stream(writer, struct.pack(">I", len(data)) + data)
         await asyncio.wait_for(writer.drain(), _SERVE_TIMEOUT_S)
     except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError):
         pass

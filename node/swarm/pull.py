@@ -35,7 +35,7 @@ from hivemind.p2p import PeerID
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
 from distronet.node.budget import Bandwidth
-from distronet.node.swarm.control import open_stream
+from distronet.node.swarm.control import open_stream, write_stream
 from distronet.node.swarm.errors import PullError, PullTimeout
 from distronet.node.swarm.p2p import SwarmHost, with_deadline
 from distronet.protocol.errors import RejectCode, Rejected
@@ -64,14 +64,6 @@ def _observe(task: asyncio.Future[bytes]) -> None:
     exception was never retrieved" for an error the round has already handled."""
     if not task.cancelled():
         task.exception()
-
-
-def _write(writer: asyncio.StreamWriter, data: bytes | memoryview) -> None:
-    """``writer.write``, or ConnectionResetError when the other side has closed the stream
-    meanwhile (uvloop raises RuntimeError for a write on a closed transport)."""
-    if writer.is_closing():
-        raise ConnectionResetError("the puller closed the stream")
-    writer.write(data)
 
 
 def encode_request(digest: bytes, max_bytes: int) -> bytes:
@@ -219,18 +211,18 @@ class Puller:
         digest, max_bytes = req[4:36], int.from_bytes(req[36:], "big")
         data = self.store.get(digest)
         if data is None:
-            _write(writer, encode_response_header(_NOT_FOUND, 0))
+            write_stream(writer, encode_response_header(_NOT_FOUND, 0))
         elif len(data) > max_bytes:
-            _write(writer, encode_response_header(_TOO_LARGE, len(data)))
+            write_stream(writer, encode_response_header(_TOO_LARGE, len(data)))
         else:
             head = encode_response_header(_OK, len(data))
             self.bandwidth.sent(len(head))
-            _write(writer, head)
+            write_stream(writer, head)
             view = memoryview(data)
             for off in range(0, len(data), _CHUNK):
                 piece = view[off : off + _CHUNK]
                 await self.bandwidth.send(len(piece))
-                _write(writer, piece)
+                write_stream(writer, piece)
                 await writer.drain()
             self.served += 1
         await writer.drain()

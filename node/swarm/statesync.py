@@ -34,7 +34,7 @@ import msgpack
 from hivemind.p2p import PeerID
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
-from distronet.node.swarm.control import open_stream
+from distronet.node.swarm.control import open_stream, write_stream
 from distronet.node.swarm.errors import PullError, PullTimeout
 from distronet.node.swarm.pull import ContentStore, Puller
 from distronet.node.swarm.stack import Swarm
@@ -229,7 +229,8 @@ class StateDonor:
                 with contextlib.suppress(Exception):  # a snapshot that cannot be built: offer none
                     await asyncio.wait_for(self.current(), 10.0)
                 m = self._manifest
-                writer.write(b"\x01" + bytes(4) if m is None else b"\x00" + struct.pack(">I", len(m)) + m)
+                answer = b"\x01" + bytes(4) if m is None else b"\x00" + struct.pack(">I", len(m)) + m
+                write_stream(writer, answer)
                 await asyncio.wait_for(writer.drain(), 30.0)
         except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError):
             pass

@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Collection
 
 from distronet.node.swarm.manifest import leader_rank
 
-__all__ = ["NEAR_STEPS", "PROBE_PEERS", "PROBE_TIMEOUT_S", "RECHECK_S", "AloneWatch", "FellBehindError"]
+__all__ = ["NEAR_STEPS", "PROBE_PEERS", "PROBE_TIMEOUT_S", "RECHECK_S", "AloneWatch", "MakeFellBehind"]
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ RECHECK_S = 10.0  # after asking found nobody near, rounds of one go on unasked 
 
 AskStep = Callable[[bytes], Awaitable[int | None]]
 AskManifest = Callable[[bytes], Awaitable[bool]]
-FellBehindError = Callable[[str, int], Exception]
+MakeFellBehind = Callable[[str, int], Exception]  # (message, swarm_step) -> the error to raise
 
 
 class AloneWatch:
@@ -67,7 +67,7 @@ class AloneWatch:
         heard: Callable[[], bool],
         changed: asyncio.Event,
         round_deadline_s: float,
-        fell_behind: FellBehindError,
+        fell_behind: MakeFellBehind,
     ) -> None:
         """Return when the round may be decided (``heard()`` became true: an announcement or a
         manifest came; nobody is near; or the wait ran out). Raises ``fell_behind(message,

@@ -56,6 +56,7 @@ from distronet.node.coordinator_client import (
 from distronet.node.exitcodes import ExitCode
 from distronet.node.metrics import NodeMetrics
 from distronet.node.optim.distro import DistroOptimizer
+from distronet.node.replay import replay_node
 from distronet.node.shard_supply import DOWNLOAD_S, ShardSupply
 from distronet.node.status import NodeStatus, StatusFile
 from distronet.node.swarm.digests import DigestBoard
@@ -430,27 +431,43 @@ class Node:
         """Adopt the swarm's state before the first step; try again (within ``timeout``) while
         fetching fails (a donor moved on mid-download), not when the swarm has nothing newer."""
         end = time.monotonic() + timeout
-        while not await self.catch_up(newer_than=self.step, timeout=max(1.0, end - time.monotonic())):
+        while not await self.catch_up(
+            newer_than=self.step, timeout=max(1.0, end - time.monotonic()), joining=True
+        ):
             if not self.catch_up_failed or time.monotonic() >= end or self.stop_requested.is_set():
                 return
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.stop_requested.wait(), 0.3)
 
     async def catch_up(
-        self, *, newer_than: int, timeout: float, donors: Sequence[PeerID] | None = None
+        self,
+        *,
+        newer_than: int,
+        timeout: float,
+        donors: Sequence[PeerID] | None = None,
+        joining: bool = False,
     ) -> bool:
         """Adopt the newest state the peers agree on if its step is > ``newer_than``; True if adopted.
 
-        ``donors``: fetch only from these peers (the drift check's winning group); default: every
-        peer on the run's topic. Momentum restarts at zero (ARCHITECTURE.md §5). Raises nothing
-        for a swarm that has no newer state; ``ExchangeError``-free: the exchange is reused as it is.
+        ``donors``: fetch only from these peers (the drift check's winning group: our state
+        differs, so no replay); default: every peer on the run's topic, and a node a few rounds
+        behind replays them instead (``node/replay.py``; ``joining``: a swarm at most one step
+        ahead is in step with us, nothing is downloaded). A downloaded state restarts momentum at
+        zero (ARCHITECTURE.md §5). Raises nothing for a swarm that has no newer state;
+        ``ExchangeError``-free: the exchange is reused as it is.
         """
         assert self.swarm is not None
         self.catch_up_failed = False
+        replay = donors is None
         if donors is None:
             donors = list(set(await self.swarm.gossip.topic_peers(self.swarm.topic)))
         if not donors:
             return False
+        if replay and self.core is not None:
+            peers = [p.to_bytes() for p in donors]
+            replayed = await replay_node(self, peers, min(timeout, 20.0), verify_steps=VERIFY_STEPS)
+            if replayed or (replayed is False and joining):
+                return bool(replayed)
         try:
             manifest, blob = await fetch_state(
                 self.swarm,

@@ -140,6 +140,26 @@ class DistroOptimizer(torch.optim.Optimizer):
         state for that step (the caller restores parameters and replicated state itself)."""
         self._t = int(step)
 
+    def rounds_due(self) -> int:
+        """The first round this replica has not applied: step ``t - 1`` when step ``t`` (the next
+        to run) is overlapped and collects it, else ``t``."""
+        t = self._t
+        return t - 1 if self.overlapped(t) and t - 1 >= self.cfg.overlap_start else t
+
+    @torch.no_grad()
+    def apply_replayed(self, rnd: Round) -> None:
+        """Apply round ``rnd.step == rounds_due()`` that the swarm decided while this replica
+        computed nothing (``node/replay.py``), and move to the step a replica that applied it
+        would run next; the parameters become the consensus (no lookahead). Raises
+        ``ConfigError`` for another step. Bit-identical to the swarm's replicas: the same
+        frames through the same ``_apply``."""
+        if rnd.step != self.rounds_due():
+            raise ConfigError(f"replayed round {rnd.step}, but round {self.rounds_due()} is due")
+        self._apply(rnd, lookahead=False)
+        u = rnd.step
+        self._t = u + 2 if self.cfg.overlap and u + 1 >= self.cfg.overlap_start else u + 1
+        self._begun = False
+
     def _momenta(self) -> list[torch.Tensor]:
         return [self.state[p]["momentum"] for p in self._params]
 

@@ -78,6 +78,7 @@ from distronet.node.exchange.base import (
 from distronet.node.swarm.alone import PROBE_TIMEOUT_S, AloneWatch
 from distronet.node.swarm.control import peer_id
 from distronet.node.swarm.errors import PullError, SwarmError
+from distronet.node.swarm.exchange_asks import ManifestAsks
 from distronet.node.swarm.exchange_types import ExchangeConfig, FellBehind, RoundState, manifest_topic
 from distronet.node.swarm.holdback import HoldBack
 from distronet.node.swarm.manifest import (
@@ -90,9 +91,7 @@ from distronet.node.swarm.manifest import (
 )
 from distronet.node.swarm.manifest_ask import (
     MANIFEST_PULL_PROTOCOL,
-    request_manifest,
     request_newest,
-    serve_manifest_request,
 )
 from distronet.node.swarm.p2p import with_deadline
 from distronet.node.swarm.pubsub import Gossip, Subscription
@@ -112,7 +111,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class AsyncSwarmExchange:
+class AsyncSwarmExchange(ManifestAsks):
     """The exchange's async core on one node's ``Swarm``. Build with :meth:`create`."""
 
     def __init__(self, swarm: Swarm, config: ExchangeConfig, manifests: Gossip) -> None:
@@ -318,18 +317,18 @@ class AsyncSwarmExchange:
         if not state.frozen:
             state.frames[ann.peer_id] = (ann.packet_sha256, frame)
 
-    def _on_manifest(self, data: bytes, sender: bytes) -> None:
-        """A manifest from gossip."""
+    def _open_manifest(self, data: bytes) -> RoundManifest:
+        limits = self.config.limits
+        return open_manifest(
+            data, run_id=self.swarm.run_id, max_entries=self.config.max_manifest_entries,
+            max_size=limits.max_frame_bytes,
+        )  # fmt: skip
+
+    def _on_manifest(self, data: bytes, sender: bytes) -> None:  # from gossip
         self._accept_manifest(data, sender)
 
     def _accept_manifest(self, data: bytes, sender: bytes) -> None:
-        cfg = self.config
-        man = open_manifest(
-            data,
-            run_id=self.swarm.run_id,
-            max_entries=cfg.max_manifest_entries,
-            max_size=cfg.limits.max_frame_bytes,
-        )
+        man = self._open_manifest(data)
         if man.leader != sender:
             raise Rejected(RejectCode.WRONG_PEER, "manifest relayed under another sender")
         state = self._round(man.step, local=False)
@@ -422,7 +421,7 @@ class AsyncSwarmExchange:
         if self.peer_id in eligible:
             self._spawn(self._lead(step, state, ranked.index(self.peer_id)))
         manifest = await self._await_manifest(step, state, ranked)
-        state.decided = await self._fill(step, state, manifest)
+        state.decided, state.adopted = await self._fill(step, state, manifest), manifest
         self.alone.decided(alone, len(state.decided))
         return state.decided
 
@@ -511,39 +510,9 @@ class AsyncSwarmExchange:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(state.changed.wait(), max(0.01, give_up - time.monotonic()))
 
-    async def _ask_better(self, step: int, state: RoundState, ranked: list[bytes], tries: int = 3) -> None:
-        """Pull the manifest straight from up to ``tries`` producers ranked above the best we hold."""
-        best = min((m.rank for m in state.manifests.values()), default=None)
-        better = [p for p in ranked if p != self.peer_id and (best is None or leader_rank(step, p) < best)]
-        for peer in better[:tries]:
-            got = await self._ask_manifest(step, peer, min(2.0, 4 * self.config.manifest_grace_s))
-            if got and peer in state.manifests:
-                return
-
-    async def _ask_manifest(self, step: int, peer: bytes, timeout: float) -> bool:
-        """Ask ``peer`` for the manifest it sealed for ``step`` and accept it; True when a valid
-        one came (a bad one is counted in ``rejected``)."""
-        data = await request_manifest(self.swarm.host.control_path, peer_id(peer), step, timeout)
-        if data is None:
-            return False
-        try:
-            self._accept_manifest(data, peer)
-        except Rejected as e:
-            self.rejected[e.code] += 1
-            return False
-        return True
-
-    async def _serve_manifest(
-        self, _info: object, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        def sealed(step: int) -> bytes | None:
-            state = self._rounds.get(step)
-            return None if state is None else state.sealed
-
-        await serve_manifest_request(reader, writer, sealed, lambda: self._newest)
-
-    async def _fill(self, step: int, state: RoundState, manifest: RoundManifest) -> Round:
-        """The manifest's frames: held ones as they are, the rest pulled concurrently by hash."""
+    async def _fill(self, step: int, state: RoundState, manifest: RoundManifest, also: bytes = b"") -> Round:
+        """The manifest's frames: held ones as they are, the rest pulled concurrently by hash
+        (from the producer, the leader, ``also``, then the other listed peers)."""
         for task in state.pulls.values():  # announced pulls are past their deadline by now
             task.cancel()
         listed = [p for p, _, _ in manifest.entries]
@@ -557,7 +526,8 @@ class AsyncSwarmExchange:
             cached = self.swarm.puller.store.get(sha)  # a pull that finished after the freeze
             if cached is not None:
                 return cached
-            sources = [peer, manifest.leader, *(p for p in listed if p not in (peer, manifest.leader))]
+            first = [peer, manifest.leader, *([also] if also else [])]
+            sources = list(dict.fromkeys([*first, *listed]))
             frame = await self.swarm.puller.pull(
                 sha, [peer_id(p) for p in sources], max_bytes=size, size=size,
                 timeout=self.config.pull_timeout_s, step=step,

@@ -52,6 +52,8 @@ class ExchangeConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.warmup_mask_steps <= 1000:
             raise ConfigError(f"warmup_mask_steps must be in 0..1000, got {self.warmup_mask_steps}")
+        if not 1 <= self.retention <= 4096:
+            raise ConfigError(f"retention must be in 1..4096, got {self.retention}")
         if not 0 <= self.alone_rounds <= 1000:
             raise ConfigError(f"alone_rounds must be in 0..1000, got {self.alone_rounds}")
 
@@ -72,3 +74,4 @@ class RoundState:
     deciding: asyncio.Task[Round] | None = None
     sealed: bytes | None = None  # the manifest we signed for this step, served on request
     decided: Round | None = None
+    adopted: RoundManifest | None = None  # the manifest ``decided`` came from, served on request

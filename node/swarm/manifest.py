@@ -30,7 +30,7 @@ from distronet.protocol.identity import (
     verify,
 )
 
-__all__ = ["RoundManifest", "leader_rank", "may_lead", "open_manifest", "seal_manifest"]
+__all__ = ["RoundManifest", "encode_manifest", "leader_rank", "may_lead", "open_manifest", "seal_manifest"]
 
 MANIFEST_VERSION = 1
 _DOMAIN = b"distronet/manifest/v1\x00"
@@ -84,13 +84,18 @@ def seal_manifest(identity: Identity, run_id: str, step: int, entries: list[Entr
     """Sign the accepted set ``entries`` as leader of ``step``; returns the gossip bytes."""
     ordered = tuple(sorted(entries))
     sig = identity.sign(manifest_signing_bytes(run_id, step, identity.peer_id, ordered))
+    return encode_manifest(RoundManifest(run_id, step, identity.peer_id, ordered, sig))
+
+
+def encode_manifest(man: RoundManifest) -> bytes:
+    """The gossip bytes of a manifest already opened (a replica serves the one it adopted)."""
     body = {
         "v": MANIFEST_VERSION,
-        "run": run_id,
-        "step": step,
-        "leader": identity.peer_id,
-        "entries": [list(e) for e in ordered],
-        "sig": sig,
+        "run": man.run_id,
+        "step": man.step,
+        "leader": man.leader,
+        "entries": [list(e) for e in man.entries],
+        "sig": man.signature,
     }
     out: bytes = msgpack.packb(body, use_bin_type=True)
     return out

@@ -15,6 +15,14 @@ its topic's peers before applying a round that only it produced (``exchange``, "
 
     request   b"DNN?" | 8 zero bytes                          12 bytes
     response  n u32 = 8 | newest step u64                     n = 0: no step yet
+
+and "which accepted set did you apply for this step?" (``request_decided``), which a replica
+that is a few rounds behind asks to replay those rounds instead of downloading a whole state
+(``node/replay.py``)::
+
+    request   b"DNR?" | step u64                              12 bytes
+    response  n u32 | n bytes: the manifest it adopted        n = 0: not decided there (yet);
+                                                              n = 1, b"G": older than its window
 """
 
 from __future__ import annotations
@@ -28,8 +36,11 @@ from hivemind.p2p import PeerID
 from distronet.node.swarm.control import open_stream, write_stream
 
 __all__ = [
+    "GONE",
     "MANIFEST_PULL_PROTOCOL",
     "MAX_MANIFEST_BYTES",
+    "ask_newest",
+    "request_decided",
     "request_manifest",
     "request_newest",
     "serve_manifest_request",
@@ -39,13 +50,15 @@ MANIFEST_PULL_PROTOCOL = "/distronet/manifest/1"
 MAX_MANIFEST_BYTES = 64 * 1024
 _ASK = b"DNM?"
 _NEWEST = b"DNN?"
+_DECIDED = b"DNR?"
+GONE = b"G"  # a decided-round answer: that step is older than the peer's window
 _MAX_STEP = 2**62  # a larger step read off the wire is malformed
 _SERVE_TIMEOUT_S = 10.0
 
 
 async def _request(control_path: str, peer: PeerID, request: bytes, timeout: float) -> bytes | None:
-    """The answer's n bytes, or None when n = 0, n > ``MAX_MANIFEST_BYTES``, or ``peer`` is dead,
-    unreachable or silent past ``timeout`` seconds."""
+    """The answer's n bytes (empty when n = 0), or None when n > ``MAX_MANIFEST_BYTES`` or
+    ``peer`` is dead, unreachable or silent past ``timeout`` seconds."""
 
     async def ask() -> bytes | None:
         reader, writer = await open_stream(control_path, peer, MANIFEST_PULL_PROTOCOL, timeout)
@@ -53,9 +66,9 @@ async def _request(control_path: str, peer: PeerID, request: bytes, timeout: flo
             writer.write(request)
             await writer.drain()
             (n,) = struct.unpack(">I", await reader.readexactly(4))
-            if n == 0 or n > MAX_MANIFEST_BYTES:
+            if n > MAX_MANIFEST_BYTES:
                 return None
-            return await reader.readexactly(n)
+            return await reader.readexactly(n) if n else b""
         finally:
             writer.close()
 
@@ -68,16 +81,30 @@ async def _request(control_path: str, peer: PeerID, request: bytes, timeout: flo
 async def request_manifest(control_path: str, peer: PeerID, step: int, timeout: float) -> bytes | None:
     """The manifest ``peer`` sealed for ``step``, or None when it has none, is dead, unreachable,
     silent past ``timeout`` seconds or announces more than ``MAX_MANIFEST_BYTES``."""
-    return await _request(control_path, peer, _ASK + struct.pack(">Q", step), timeout)
+    return await _request(control_path, peer, _ASK + struct.pack(">Q", step), timeout) or None
+
+
+async def request_decided(control_path: str, peer: PeerID, step: int, timeout: float) -> bytes | None:
+    """The manifest ``peer`` adopted for ``step`` (its gossip bytes, unchecked), ``b""`` when it
+    has not decided that step (yet), ``GONE`` when the step is older than its window, or None
+    when it is dead, unreachable, silent past ``timeout`` seconds or answers too much."""
+    return await _request(control_path, peer, _DECIDED + struct.pack(">Q", step), timeout)
 
 
 async def request_newest(control_path: str, peer: PeerID, timeout: float) -> int | None:
     """The newest step ``peer``'s exchange has opened, or None when it has none yet, is dead,
     unreachable, silent past ``timeout`` seconds, or answers out of bounds."""
+    step = await ask_newest(control_path, peer, timeout)
+    return None if step is None or step < 0 else step
+
+
+async def ask_newest(control_path: str, peer: PeerID, timeout: float) -> int | None:
+    """Like :func:`request_newest`, but -1 when ``peer`` answered that it has no step yet (None
+    only when it did not answer)."""
     data = await _request(control_path, peer, _NEWEST + bytes(8), timeout)
-    if data is None or len(data) != 8:
+    if data is None or len(data) not in (0, 8):
         return None
-    (step,) = struct.unpack(">Q", data)
+    step = struct.unpack(">Q", data)[0] if data else -1
     return step if step < _MAX_STEP else None
 
 
@@ -86,10 +113,12 @@ async def serve_manifest_request(
     writer: asyncio.StreamWriter,
     sealed: Callable[[int], bytes | None],
     newest: Callable[[], int] = lambda: -1,
+    decided: Callable[[int], bytes | None] = lambda _: None,
 ) -> None:
-    """Answer one request: a manifest with ``sealed(step)``, "which step" with ``newest()`` (None,
-    a negative step or a malformed request: n = 0); closes the stream. A silent or vanished asker
-    is dropped after ``_SERVE_TIMEOUT_S``."""
+    """Answer one request: a manifest with ``sealed(step)``, "which step" with ``newest()``, an
+    adopted manifest (or ``GONE``) with ``decided(step)`` (None, a negative step or a malformed
+    request: n = 0); closes the stream. A silent or vanished asker is dropped after
+    ``_SERVE_TIMEOUT_S``."""
     try:
         req = await asyncio.wait_for(reader.readexactly(12), _SERVE_TIMEOUT_S)
         data: bytes | None = None
@@ -97,6 +126,8 @@ async def serve_manifest_request(
             data = sealed(struct.unpack(">Q", req[4:])[0])
         elif req[:4] == _NEWEST and 0 <= (at := newest()) < _MAX_STEP:
             data = struct.pack(">Q", at)
+        elif req[:4] == _DECIDED:
+            data = decided(struct.unpack(">Q", req[4:])[0])
         data = data or b""
         write_stream(writer, struct.pack(">I", len(data)) + data)
         await asyncio.wait_for(writer.drain(), _SERVE_TIMEOUT_S)

@@ -1,4 +1,5 @@
-"""The manifest-ask protocol's server side over a real Unix socket: manifests and "which step"."""
+"""The manifest-ask protocol's server side over a real Unix socket: manifests, "which step" and
+"which accepted set did you apply"."""
 
 from __future__ import annotations
 
@@ -9,14 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from distronet.node.swarm.manifest_ask import serve_manifest_request
+from distronet.node.swarm.manifest_ask import GONE, serve_manifest_request
 
 
-async def ask(tmp_path: Path, request: bytes, sealed: Callable[[int], bytes | None], newest: int) -> bytes:
+async def ask(
+    tmp_path: Path,
+    request: bytes,
+    sealed: Callable[[int], bytes | None],
+    newest: int,
+    decided: Callable[[int], bytes | None] = lambda _: None,
+) -> bytes:
     path = str(tmp_path / "s")
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await serve_manifest_request(reader, writer, sealed, lambda: newest)
+        await serve_manifest_request(reader, writer, sealed, lambda: newest, decided)
 
     server = await asyncio.start_unix_server(handle, path)
     try:
@@ -49,3 +56,17 @@ async def test_a_which_step_request_gets_the_newest_step(tmp_path: Path) -> None
 @pytest.mark.asyncio
 async def test_a_malformed_request_gets_nothing(tmp_path: Path) -> None:
     assert await ask(tmp_path, b"XXXX" + bytes(8), {0: b"x"}.get, 3) == bytes(4)
+
+
+@pytest.mark.asyncio
+async def test_a_decided_request_gets_the_adopted_manifest_pending_or_gone(tmp_path: Path) -> None:
+    def decided(step: int) -> bytes | None:
+        return {3: GONE, 5: b"adopted-5"}.get(step)
+
+    def req(step: int) -> bytes:
+        return b"DNR?" + struct.pack(">Q", step)
+
+    sealed = {5: b"sealed-5"}.get  # what it sealed is another question
+    assert await ask(tmp_path, req(5), sealed, 9, decided) == struct.pack(">I", 9) + b"adopted-5"
+    assert await ask(tmp_path, req(6), sealed, 9, decided) == bytes(4)  # not decided there (yet)
+    assert await ask(tmp_path, req(3), sealed, 9, decided) == struct.pack(">I", 1) + GONE

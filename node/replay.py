@@ -1,0 +1,130 @@
+"""Catching up by replaying the rounds the swarm decided, instead of downloading its state.
+
+A replica that holds the swarm's state of an earlier step — a node of a run that started a moment
+before it (every replica starts from the run's seeded weights), one back from a short pause or a
+failed round, one restarted from its own checkpoint — and is only a few rounds behind does not
+need the whole state (7.4 MB for the default GPT: ~15 s under a 4 mbit donor's upload, during
+which the swarm moves on again). It asks a peer which accepted set it applied for each round it
+missed (``manifest_ask.request_decided``), pulls those frames (~25 KB a packet) and applies them
+in order (``DistroOptimizer.apply_replayed``: decode + update, ~35 ms a round, no gradient), until
+the peer answers that the next round is not decided yet: it is then at the swarm's step, with its
+momentum intact (so its packets count at once; no warm-up masking).
+
+``replay_to_swarm`` is tried first by ``Node.catch_up``; it gives up (the node downloads a state)
+when no peer answers, when the swarm is more than ``max_gap`` rounds ahead (frames older than the
+peers' retention are gone), or when a round cannot be fetched. A replica whose state *differs*
+from the swarm's (a drift check found it) must not replay: replaying keeps its own parameters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from distronet.node.exchange.base import Round, RoundUnavailable
+from distronet.node.swarm.control import peer_id
+from distronet.node.swarm.manifest_ask import ask_newest
+
+if TYPE_CHECKING:
+    from distronet.node.daemon import Node
+
+__all__ = ["PROBE_PEERS", "Replayed", "replay_node", "replay_to_swarm"]
+
+log = logging.getLogger(__name__)
+
+PROBE_PEERS = 4  # topic peers asked which step they are at
+ASK_TIMEOUT_S = 2.0  # per question
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """What a replay did: ``rounds`` applied (``first`` .. ``first + rounds - 1``), and the
+    newest step a peer had opened when asked (``swarm_step``; -1: none yet)."""
+
+    first: int
+    rounds: int
+    swarm_step: int
+
+
+AskStep = Callable[[bytes], Awaitable[int | None]]
+ReplayRound = Callable[[int, list[bytes], float], Awaitable[Round | None]]
+ApplyRound = Callable[[Round], Awaitable[None]]
+
+
+async def replay_to_swarm(
+    peers: Sequence[bytes],
+    *,
+    ask_step: AskStep,
+    due: int,
+    max_gap: int,
+    replay_round: ReplayRound,
+    apply: ApplyRound,
+    timeout: float,
+) -> Replayed | None:
+    """Replay from round ``due`` up to the swarm's step (module doc). ``ask_step(peer)`` is
+    ``manifest_ask.ask_newest`` (-1: no step yet; None: no answer); ``replay_round(step, sources,
+    timeout)`` is the exchange's ``replay``; ``apply`` applies one round to the model.
+    None when the node should download a state instead: no peer answered, the swarm is more than
+    ``max_gap`` rounds past ``due``, a round could not be fetched or the time ran out."""
+    asked = list(peers)[:PROBE_PEERS]
+    answers = await asyncio.gather(*(ask_step(p) for p in asked))
+    at = {p: s for p, s in zip(asked, answers, strict=True) if s is not None}
+    if not at:
+        return None
+    swarm = max(at.values())
+    if swarm - due > max_gap:
+        log.info("replay: the swarm is at step %d, %d rounds past ours: too far", swarm, swarm - due)
+        return None
+    sources = sorted(at, key=lambda p: -at[p])  # the most advanced peer first
+    end, step = time.monotonic() + timeout, due
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            log.info("replay: out of time at round %d", step)
+            return None
+        try:
+            rnd = await replay_round(step, sources, min(ASK_TIMEOUT_S, left))
+        except RoundUnavailable as e:
+            log.info("replay: round %d: %s", step, e)
+            return None
+        if rnd is None:
+            return Replayed(due, step - due, swarm)
+        await apply(rnd)
+        step += 1
+
+
+async def replay_node(
+    node: Node, peers: Sequence[bytes], timeout: float, *, verify_steps: int
+) -> bool | None:
+    """``Node.catch_up``'s first try: True when rounds were replayed (``node.step`` moved; its
+    hash is checked against peers for ``verify_steps`` steps), False when the swarm is at most one
+    step past ours (we are in step: nothing to replay or download), None when a state must be
+    downloaded instead."""
+    assert node.core is not None and node.swarm is not None
+    optimizer, was = node.optimizer, node.step
+
+    async def apply(rnd: Round) -> None:
+        async with node.model_lock:
+            await asyncio.to_thread(optimizer.apply_replayed, rnd)
+
+    control = node.swarm.host.control_path
+    got = await replay_to_swarm(
+        peers, ask_step=lambda p: ask_newest(control, peer_id(p), ASK_TIMEOUT_S), due=optimizer.rounds_due(),
+        max_gap=max(1, node.core.config.retention // 2), replay_round=node.core.replay, apply=apply,
+        timeout=timeout,
+    )  # fmt: skip
+    if got is None:
+        return None
+    if not got.rounds:
+        return False if got.swarm_step <= was + 1 else None
+    node.step = optimizer.step_index
+    log.info("caught up: replayed rounds %d-%d the swarm decided, now at step %d (was at %d)",
+             got.first, got.first + got.rounds - 1, node.step, was)  # fmt: skip
+    node.status.resyncs += 1
+    node.status.resync_steps.append(node.step)
+    node.verify_until = node.step + verify_steps
+    return True

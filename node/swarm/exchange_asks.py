@@ -1,0 +1,114 @@
+"""The exchange's direct asks on ``MANIFEST_PULL_PROTOCOL``: a better-ranked producer's manifest
+(gossip may have lost it), serving ours, and replaying a round another replica decided.
+
+``AsyncSwarmExchange`` (``exchange.py``) inherits these; the asks are in their own module so the
+round's life cycle stays readable there. Wire forms: ``manifest_ask``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from distronet.node.exchange.base import Round, RoundUnavailable
+from distronet.node.swarm.control import peer_id
+from distronet.node.swarm.exchange_types import ExchangeConfig, RoundState
+from distronet.node.swarm.manifest import RoundManifest, encode_manifest, leader_rank
+from distronet.node.swarm.manifest_ask import GONE, request_decided, request_manifest, serve_manifest_request
+from distronet.protocol.errors import RejectCode, Rejected
+from distronet.protocol.identity import peer_id_to_b58
+
+if TYPE_CHECKING:
+    from distronet.node.swarm.stack import Swarm
+
+__all__ = ["ManifestAsks"]
+
+
+class ManifestAsks:
+    """Mixin of ``AsyncSwarmExchange``: what it needs is declared here, set there."""
+
+    swarm: Swarm
+    config: ExchangeConfig
+    rejected: Counter[RejectCode]
+    _rounds: dict[int, RoundState]
+    _newest: int
+
+    @property
+    def peer_id(self) -> bytes:
+        raise NotImplementedError
+
+    def _round(self, step: int, *, local: bool) -> RoundState | None:
+        raise NotImplementedError
+
+    def _open_manifest(self, data: bytes) -> RoundManifest:
+        raise NotImplementedError
+
+    def _accept_manifest(self, data: bytes, sender: bytes) -> None:
+        raise NotImplementedError
+
+    async def _fill(self, step: int, state: RoundState, manifest: RoundManifest, also: bytes = b"") -> Round:
+        raise NotImplementedError
+
+    async def _ask_better(self, step: int, state: RoundState, ranked: list[bytes], tries: int = 3) -> None:
+        """Pull the manifest straight from up to ``tries`` producers ranked above the best we hold."""
+        best = min((m.rank for m in state.manifests.values()), default=None)
+        better = [p for p in ranked if p != self.peer_id and (best is None or leader_rank(step, p) < best)]
+        for peer in better[:tries]:
+            got = await self._ask_manifest(step, peer, min(2.0, 4 * self.config.manifest_grace_s))
+            if got and peer in state.manifests:
+                return
+
+    async def _ask_manifest(self, step: int, peer: bytes, timeout: float) -> bool:
+        """Ask ``peer`` for the manifest it sealed for ``step`` and accept it; True when a valid
+        one came (a bad one is counted in ``rejected``)."""
+        data = await request_manifest(self.swarm.host.control_path, peer_id(peer), step, timeout)
+        if data is None:
+            return False
+        try:
+            self._accept_manifest(data, peer)
+        except Rejected as e:
+            self.rejected[e.code] += 1
+            return False
+        return True
+
+    async def _serve_manifest(
+        self, _info: object, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        def sealed(step: int) -> bytes | None:
+            state = self._rounds.get(step)
+            return None if state is None else state.sealed
+
+        def decided(step: int) -> bytes | None:
+            state = self._rounds.get(step)
+            if state is None:
+                return GONE if step <= self._newest - self.config.retention else None
+            return None if state.adopted is None else encode_manifest(state.adopted)
+
+        await serve_manifest_request(reader, writer, sealed, lambda: self._newest, decided)
+
+    async def replay(self, step: int, sources: list[bytes], timeout: float) -> Round | None:
+        """The accepted set the first of ``sources`` that answers applied for ``step``, its frames
+        pulled (``node/replay.py``); None when that peer has not decided it (yet). Raises
+        ``RoundUnavailable`` when the step is older than our window or the peer's, or a listed
+        frame cannot be pulled."""
+        state = self._round(step, local=True)
+        if state is None:
+            raise RoundUnavailable(f"step {step} is older than the retention window")
+        for peer in sources:
+            if state.decided is not None:
+                return state.decided
+            data = await request_decided(self.swarm.host.control_path, peer_id(peer), step, timeout)
+            if data == GONE:
+                raise RoundUnavailable(f"step {step} is older than {peer_id_to_b58(peer)}'s window")
+            if data == b"":
+                return None
+            try:
+                man = None if data is None else self._open_manifest(data)
+            except Rejected as e:
+                self.rejected[e.code] += 1
+                continue
+            if man is not None and man.step == step:
+                state.frozen = True
+                state.decided, state.adopted = await self._fill(step, state, man, peer), man
+        return state.decided

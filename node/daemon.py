@@ -506,6 +506,9 @@ class Node:
             self.status.warmup_until = self.core.start_warmup(step)
         if self.donor is not None:
             self.donor.offer(self.step, blob)
+        peers = [p.to_bytes() for p in donors]  # the swarm moved on during the download: replay
+        if replay and await replay_node(self, peers, 10.0, verify_steps=VERIFY_STEPS) and self.core:
+            self.status.warmup_until = self.core.start_warmup(self.step)  # momentum is still zero
         return True
 
     async def snapshot_state(self) -> tuple[int, bytes]:

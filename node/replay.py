@@ -11,9 +11,10 @@ the peer answers that the next round is not decided yet: it is then at the swarm
 momentum intact (so its packets count at once; no warm-up masking).
 
 ``replay_to_swarm`` is tried first by ``Node.catch_up``; it gives up (the node downloads a state)
-when no peer answers, when the swarm is more than ``max_gap`` rounds ahead (frames older than the
-peers' retention are gone), or when a round cannot be fetched. A replica whose state *differs*
-from the swarm's (a drift check found it) must not replay: replaying keeps its own parameters.
+when no peer answers, when the swarm is more than ``max_gap`` rounds ahead (the peers' retention
+less ``GAP_MARGIN``: older frames are gone), or when a round cannot be fetched. After a download
+it runs again: the swarm moved on while the state came. A replica whose state *differs* from the
+swarm's (a drift check found it) must not replay: replaying keeps its own parameters.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 
 PROBE_PEERS = 4  # topic peers asked which step they are at
 ASK_TIMEOUT_S = 2.0  # per question
+GAP_MARGIN = 4  # rounds a peer may drop from its window (retention) while we replay
 
 
 @dataclass(frozen=True)
@@ -100,10 +102,11 @@ async def replay_to_swarm(
 async def replay_node(
     node: Node, peers: Sequence[bytes], timeout: float, *, verify_steps: int
 ) -> bool | None:
-    """``Node.catch_up``'s first try: True when rounds were replayed (``node.step`` moved; its
-    hash is checked against peers for ``verify_steps`` steps), False when the swarm is at most one
-    step past ours (we are in step: nothing to replay or download), None when a state must be
-    downloaded instead."""
+    """``Node.catch_up``'s first try, and its last step after a state download: True when rounds
+    were replayed (``node.step`` moved; its hash is checked against peers for ``verify_steps``
+    steps; ``status.resyncs`` counts it, so a drift check begun before it is void), False when the
+    swarm is at most one step past ours (we are in step: nothing to replay or download), None
+    when a state must be downloaded instead."""
     assert node.core is not None and node.swarm is not None
     optimizer, was = node.optimizer, node.step
 
@@ -114,7 +117,7 @@ async def replay_node(
     control = node.swarm.host.control_path
     got = await replay_to_swarm(
         peers, ask_step=lambda p: ask_newest(control, peer_id(p), ASK_TIMEOUT_S), due=optimizer.rounds_due(),
-        max_gap=max(1, node.core.config.retention // 2), replay_round=node.core.replay, apply=apply,
+        max_gap=max(1, node.core.config.retention - GAP_MARGIN), replay_round=node.core.replay, apply=apply,
         timeout=timeout,
     )  # fmt: skip
     if got is None:
@@ -125,6 +128,6 @@ async def replay_node(
     log.info("caught up: replayed rounds %d-%d the swarm decided, now at step %d (was at %d)",
              got.first, got.first + got.rounds - 1, node.step, was)  # fmt: skip
     node.status.resyncs += 1
-    node.status.resync_steps.append(node.step)
+    node.status.replayed_rounds += got.rounds
     node.verify_until = node.step + verify_steps
     return True

@@ -97,6 +97,14 @@ def test_run_exchange_table_sets_the_rounds_of_one_before_asking() -> None:
             exchange_config({"alone_rounds": bad})
 
 
+def test_run_exchange_table_sets_a_bounded_retention() -> None:
+    assert exchange_config({}).retention == 8
+    assert exchange_config({"retention": 256}).retention == 256
+    for bad in (0, -3, 4097):
+        with pytest.raises(ConfigError, match="retention"):
+            exchange_config({"retention": bad})
+
+
 def test_global_batch_parses_and_is_bounded() -> None:
     base = {"depth": 1, "width": 32, "heads": 2, "context": 16, "batch": 2, "seq_len": 16}
     assert ModelSpec.from_run(base).global_batch == 0  # off unless the run asks

@@ -508,7 +508,8 @@ class Node:
             self.donor.offer(self.step, blob)
         peers = [p.to_bytes() for p in donors]  # the swarm moved on during the download: replay
         if replay and await replay_node(self, peers, 10.0, verify_steps=VERIFY_STEPS) and self.core:
-            self.status.warmup_until = self.core.start_warmup(self.step)  # momentum is still zero
+            self.status.resync_steps[-1] = self.step  # where it resumes, with momentum still zero:
+            self.status.warmup_until = self.core.start_warmup(self.step)  # warm up from here
         return True
 
     async def snapshot_state(self) -> tuple[int, bytes]:

@@ -53,7 +53,7 @@ class NodeStatus:
     drift_equal: int = 0  # drift checks that found peers at our step with our exact parameters
     drift_differs: int = 0
     resyncs: int = 0  # times this node adopted the swarm's state (newcomer catch-up, failed round)
-    resync_steps: list[int] = dataclasses.field(default_factory=list)  # the states adopted (recent)
+    resync_steps: list[int] = dataclasses.field(default_factory=list)  # steps resumed from a state (recent)
     replayed_rounds: int = 0  # rounds the swarm decided that this node replayed to catch up
     fell_behind: int = 0  # rounds that found this node behind the swarm (paused, cut off)
     warmup_until: int = -1  # our packets for steps below this are masked warm-up packets

@@ -40,7 +40,9 @@ class ExchangeConfig:
     manifest_grace_s: float = 0.5
     manifest_wait_s: float = 3.0
     pull_timeout_s: float = 30.0
-    retention: int = 8
+    retention: int = 32
+    """Rounds kept (their frames, announcements and manifests): how far a late pull, a replay
+    (``node/replay.py``: up to ``retention - 4`` rounds) or a held announcement reaches back."""
     max_manifest_entries: int = 1024
     warmup_mask_steps: int = 3
     """Steps a replica that adopted the swarm's state publishes masked packets (``exchange`` doc)."""

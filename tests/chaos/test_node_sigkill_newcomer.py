@@ -9,16 +9,19 @@ Steps (seeded: which nodes die and when is drawn from ``random.Random(SEED)``):
     sub-second, so a kill lands inside one); the coordinator's API shows the shard units they held;
  3. the 2 survivors keep stepping (5 more steps within a deadline);
  4. a newcomer starts and is *in step* within ``NEWCOMER_S`` of its process starting (the time
-    taken is printed: ``newcomer_in_step_s``). In step means: it has adopted a state fetched
-    from the donors (``resyncs`` >= 1, at or past the survivors' step when it started) and then
+    taken is printed: ``newcomer_in_step_s``). In step means: it has caught up — adopted a
+    state fetched from the donors, or replayed the rounds they decided from the run's seeded
+    weights when they are few (``node/replay.py``) — (``resyncs`` >= 1, its first step at or past
+    the survivors' step when it started) and then
     finished a step whose parameter digest equals a survivor's digest for that same step, i.e.
     it applied that round's update together with the others and holds bit-identical
     parameters. The clock runs from the ``Popen`` of its ``distro-node join`` (interpreter and
     imports included) to the first status poll (every 0.1 s) that shows this;
  5. the victims' units expire, are leased again and completed by a live node: the coordinator's
     API shows each ``done``, completed by a survivor or the newcomer, issued at least twice;
-    the newcomer's packets are masked for 3 warm-up steps after the state it adopted (the
-    survivors' accepted sets leave it out there), then accepted;
+    the newcomer's packets are masked for 3 warm-up steps after each state it adopted (the
+    survivors' accepted sets leave it out there; a replay keeps its momentum and needs no
+    warm-up), then accepted;
  6. the newcomer and the survivors are bit-identical at their newest common step (within 60 s:
     a replica that missed a round's manifest is repaired by its drift check) and the
     survivors' loss keeps falling; SIGTERM stops all three with exit 0;
@@ -64,12 +67,13 @@ def units(swarm: LocalSwarm) -> dict[int, dict[str, Any]]:
 
 
 def in_step(swarm: LocalSwarm, new: int, survivors: list[int], target: int) -> bool:
-    """The newcomer adopted the donors' state (at or past ``target``) and finished a step with
-    a survivor's parameter digest for that step (step 4 of the module docstring)."""
+    """The newcomer caught up with the survivors (adopted their state, or replayed their rounds
+    from the run's seeded weights: ``node/replay.py``) to at or past ``target`` and finished a
+    step with a survivor's parameter digest for that step (step 4 of the module docstring)."""
     if swarm.nodes[new].poll() is not None:
         raise AssertionError(f"the newcomer exited with {swarm.nodes[new].returncode}")
     mine = swarm.status(new)
-    if mine.get("resyncs", 0) < 1 or max(mine.get("resync_steps") or [-1]) < target:
+    if mine.get("resyncs", 0) < 1 or mine.get("first_step", -1) < target - 1:
         return False
     digests = mine.get("digests", {})
     for i in survivors:

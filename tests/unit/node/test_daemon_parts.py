@@ -98,7 +98,7 @@ def test_run_exchange_table_sets_the_rounds_of_one_before_asking() -> None:
 
 
 def test_run_exchange_table_sets_a_bounded_retention() -> None:
-    assert exchange_config({}).retention == 8
+    assert exchange_config({}).retention == 32
     assert exchange_config({"retention": 256}).retention == 256
     for bad in (0, -3, 4097):
         with pytest.raises(ConfigError, match="retention"):

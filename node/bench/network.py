@@ -3,15 +3,18 @@
 Three measurements in one run (:mod:`distronet.node.bench.network_run`):
 
 1. **compute-only**: ``--nodes`` processes train the run's model side by side with no network
-   (same model, optimizer, overlap and one torch thread each), before and after step 2;
-   the median step rate of all of them. The processes time the same window (a barrier after
+   (same model, optimizer, overlap and one torch thread each), before and after each run of
+   step 2; the median step rate of all of them. The processes time the same window (a barrier after
    their warm-up; each keeps training until all are done), as the swarm's nodes do.
 2. **shaped**: ``--nodes`` real ``distro-node join`` processes, each in its own network
    namespace on a veth shaped with tc (``--link-up``/``--link-down``, netem delay where the
    kernel has it), with budgets ``--up``/``--down`` and overlap on; each node's step rate over
    ``--steps`` steps after ``--warmup``, and the busiest 10 s window of bytes counted by the
-   kernel on each veth against the budget. Needs root, ``ip`` and ``tc``. The fraction is
-   reported only when every node's rate was measured (``swarm_fraction``).
+   kernel on each veth against the budget. Needs root, ``ip`` and ``tc``. ``--repeats`` swarm
+   runs (default 3), each between two compute-only runs: a run's fraction is its nodes' median
+   rate over the compute-only runs just before and after it (this machine's speed drifts by
+   10-20 % within a minute), measured only when every node's rate was (``swarm_fraction``);
+   ``fraction_of_compute_rate`` is the median of the runs' fractions (``repeats_fraction``).
 3. **join**: on loopback, the default model, ``--nodes - 1`` nodes training; seconds from
    starting a newcomer's ``distro-node join`` until a peer applies a round that accepted its
    packet.
@@ -37,7 +40,7 @@ from typing import Any
 
 from distronet.node.exitcodes import ExitCode
 
-__all__ = ["DEFAULT_MODEL", "add_parser", "run", "swarm_fraction"]
+__all__ = ["DEFAULT_MODEL", "add_parser", "repeats_fraction", "run", "swarm_fraction"]
 
 DEFAULT_MODEL: dict[str, Any] = {"arch": "gpt", "seed": 0, "batch": 8, "seq_len": 64}
 QUICK_MODEL: dict[str, Any] = {
@@ -73,35 +76,41 @@ def _measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     _warm_compiled_decoder()
     if why_not is None and not args.skip_shaped:
         cw = min(3, args.warmup)
-        before = compute_only(model, optimizer, n=args.nodes, steps=args.steps, warmup=cw)
-        shaped = shaped_swarm(
-            tmp / "shaped", n=args.nodes, link=LinkShape(args.link_up, args.link_down, args.delay_ms),
-            up=args.up, down=args.down, model=model, optimizer=optimizer, exchange=exchange,
-            warmup=args.warmup, steps=args.steps,
-        )  # fmt: skip
-        after = compute_only(model, optimizer, n=args.nodes, steps=args.steps, warmup=cw)
-        compute_rate = median([c.rate for c in before + after])
+        computes = [compute_only(model, optimizer, n=args.nodes, steps=args.steps, warmup=cw)]
+        runs = []
+        for r in range(args.repeats):  # compute, swarm, compute, swarm, ..., compute
+            runs.append(shaped_swarm(
+                tmp / ("shaped" if r == 0 else f"shaped{r}"), n=args.nodes,
+                link=LinkShape(args.link_up, args.link_down, args.delay_ms), up=args.up, down=args.down,
+                model=model, optimizer=optimizer, exchange=exchange, warmup=args.warmup, steps=args.steps,
+            ))  # fmt: skip
+            computes.append(compute_only(model, optimizer, n=args.nodes, steps=args.steps, warmup=cw))
+        every = [c for cs in computes for c in cs]
+        # each swarm run against the compute-only runs just before and after it (the machine drifts)
+        fractions = [
+            swarm_fraction(run.rates, median([c.rate for c in computes[i] + computes[i + 1]]))
+            for i, run in enumerate(runs)
+        ]
+        rates = [x for run in runs for x in run.rates]
+        cpu = [c for run in runs for c in run.cpu]
         out.update(
-            compute_steps_per_s=compute_rate,
-            compute_steps_per_s_before_after=[
-                median([c.rate for c in before]),
-                median([c.rate for c in after]),
-            ],
-            compute_cpu_s_per_step=median([c.cpu_s_per_step for c in before + after]),
-            compute_optimizer_cpu_s_per_step=median([c.optimizer_cpu_s_per_step for c in before + after]),
-            shaped_cpu_s_per_step=median(shaped.cpu_s_per_step),
-            shaped_cpu_s_per_step_per_node=shaped.cpu_s_per_step,
-            shaped_cpu_split={k: median([getattr(c, k) for c in shaped.cpu]) for k in CPU_PARTS},
-            shaped_steps_per_s=median(shaped.rates),
-            shaped_steps_per_s_per_node=shaped.rates,
-            resyncs_while_timed=shaped.resyncs,
-            fraction_of_compute_rate=swarm_fraction(shaped.rates, compute_rate),
-            shaped_nodes_measured=sum(math.isfinite(r) for r in shaped.rates),
-            max_budget_overshoot=max(shaped.up_ratio + shaped.down_ratio) - 1.0,
-            budget_ratio_up=shaped.up_ratio,
-            budget_ratio_down=shaped.down_ratio,
-            delay_applied=shaped.delay_applied,
-            replicas_identical=shaped.identical,
+            compute_steps_per_s=median([c.rate for c in every]),
+            compute_steps_per_s_each_run=[median([c.rate for c in cs]) for cs in computes],
+            compute_cpu_s_per_step=median([c.cpu_s_per_step for c in every]),
+            compute_optimizer_cpu_s_per_step=median([c.optimizer_cpu_s_per_step for c in every]),
+            shaped_cpu_s_per_step=median([x for run in runs for x in run.cpu_s_per_step]),
+            shaped_cpu_split={k: median([getattr(c, k) for c in cpu]) for k in CPU_PARTS},
+            shaped_steps_per_s=median(rates),
+            shaped_steps_per_s_per_node=[run.rates for run in runs],
+            resyncs_while_timed=[run.resyncs for run in runs],
+            fraction_per_repeat=fractions,
+            fraction_of_compute_rate=repeats_fraction(fractions),
+            shaped_nodes_measured=sum(math.isfinite(r) for r in rates),
+            max_budget_overshoot=max(x for run in runs for x in run.up_ratio + run.down_ratio) - 1.0,
+            budget_ratio_up=[run.up_ratio for run in runs],
+            budget_ratio_down=[run.down_ratio for run in runs],
+            delay_applied=all(run.delay_applied for run in runs),
+            replicas_identical=all(run.identical for run in runs),
         )
     else:
         out.update(fraction_of_compute_rate=None, max_budget_overshoot=None)
@@ -124,6 +133,13 @@ def swarm_fraction(rates: list[float], compute_rate: float) -> float | None:
     if not rates or not all(math.isfinite(r) for r in rates) or not compute_rate > 0:
         return None
     return statistics.median(rates) / compute_rate
+
+
+def repeats_fraction(fractions: list[float | None]) -> float | None:
+    """The median of the repeats' fractions that were measured (``swarm_fraction``); None when
+    none was."""
+    got = [f for f in fractions if f is not None]
+    return statistics.median(got) if got else None
 
 
 def _no_nan(value: Any) -> Any:
@@ -151,6 +167,9 @@ def _verdict(key: str, value: Any) -> str:
 
 
 def _list(values: list[Any], spec: str) -> str:
+    """``a, b, c``; a list of per-run lists as ``a, b | c, d``."""
+    if values and all(isinstance(v, list) for v in values):
+        return " | ".join(_list(v, spec) for v in values)
     return ", ".join(_fmt(v, spec) for v in values) or "-"
 
 
@@ -166,11 +185,12 @@ def _table(r: dict[str, Any]) -> str:
     frac, over, join = r["fraction_of_compute_rate"], r["max_budget_overshoot"], r["join_to_first_accept_s"]
     compute, shaped = r.get("compute_steps_per_s"), r.get("shaped_steps_per_s")
     rows = [
-        ("compute-only steps/s (median; before, after)",
-         f"{_fmt(compute, '.3f')} ({_list(r.get('compute_steps_per_s_before_after', []), '.3f')})"),
-        ("shaped steps/s (median; per node)",
+        ("compute-only steps/s (median; each run, in order)",
+         f"{_fmt(compute, '.3f')} ({_list(r.get('compute_steps_per_s_each_run', []), '.3f')})"),
+        ("shaped steps/s (median; per node | per swarm run)",
          f"{_fmt(shaped, '.3f')} ({_list(r.get('shaped_steps_per_s_per_node', []), '.3f')})"),
-        ("fraction_of_compute_rate (>= 0.85)",
+        ("fraction of compute rate, each swarm run", _list(r.get("fraction_per_repeat", []), ".3f")),
+        ("fraction_of_compute_rate (>= 0.85; their median)",
          f"{_fmt(frac, '.3f')}  {_verdict('fraction_of_compute_rate', frac)}"),
         ("CPU s per step: compute-only / node + p2pd",
          f"{_fmt(r.get('compute_cpu_s_per_step'), '.3f')} / {_fmt(r.get('shaped_cpu_s_per_step'), '.3f')}"),
@@ -193,8 +213,11 @@ def run(args: argparse.Namespace) -> int:
     from distronet.node.bench.netns import NetnsError
     from distronet.node.demo import SwarmFailure
 
+    if args.repeats < 1:
+        print(f"distro-node bench network: --repeats must be >= 1, got {args.repeats}", file=sys.stderr)
+        return int(ExitCode.USAGE)
     if args.quick:
-        args.steps, args.warmup = min(args.steps, 6), min(args.warmup, 2)
+        args.steps, args.warmup, args.repeats = min(args.steps, 6), min(args.warmup, 2), 1
     load_before, t0 = os.getloadavg()[0], time.monotonic()
     with contextlib.ExitStack() as stack:
         d = args.work_dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="distro-bench-net-"))
@@ -235,6 +258,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--nodes", type=int, default=4, help="nodes (default 4)")
     p.add_argument("--steps", type=int, default=30, help="timed steps (default 30)")
+    p.add_argument(
+        "--repeats", type=int, default=3,
+        help="swarm runs, each between two compute-only runs; the fraction is their median (default 3)",
+    )  # fmt: skip
     p.add_argument("--warmup", type=int, default=4, help="steps before timing starts (default 4)")
     p.add_argument("--up", default="4mbit", help="each node's upload budget (default 4mbit)")
     p.add_argument("--down", default="20mbit", help="each node's download budget (default 20mbit)")

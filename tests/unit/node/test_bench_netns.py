@@ -151,3 +151,15 @@ def test_bench_network_fraction_needs_every_nodes_rate() -> None:
     assert network.swarm_fraction([3.0, 3.2, 3.4, 3.6], 4.0) == pytest.approx(0.825)
     assert network.swarm_fraction([nan, 3.9, nan, nan], 4.0) is None  # one node measured: no swarm rate
     assert network.swarm_fraction([], 4.0) is None and network.swarm_fraction([3.0], 0.0) is None
+
+
+def test_bench_network_fraction_is_the_median_of_the_measured_repeats() -> None:
+    assert network.repeats_fraction([0.8, None, 0.9, 0.95]) == pytest.approx(0.9)
+    assert network.repeats_fraction([0.72]) == pytest.approx(0.72)
+    assert network.repeats_fraction([None, None]) is None and network.repeats_fraction([]) is None
+
+
+def test_bench_network_table_shows_each_swarm_run() -> None:
+    row = network._list([[3.1, 3.2], [2.9, float("nan")]], ".1f")
+    assert row == "3.1, 3.2 | 2.9, -"
+    assert network._list([0.81, None], ".2f") == "0.81, -" and network._list([], "d") == "-"

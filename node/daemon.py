@@ -468,6 +468,7 @@ class Node:
             replayed = await replay_node(self, peers, min(timeout, 20.0), verify_steps=VERIFY_STEPS)
             if replayed or (replayed is False and joining):
                 return bool(replayed)
+            newer_than = max(newer_than, self.step)  # rounds replayed before it stopped count
         try:
             manifest, blob = await fetch_state(
                 self.swarm,

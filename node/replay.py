@@ -44,12 +44,15 @@ GAP_MARGIN = 4  # rounds a peer may drop from its window (retention) while we re
 
 @dataclass(frozen=True)
 class Replayed:
-    """What a replay did: ``rounds`` applied (``first`` .. ``first + rounds - 1``), and the
-    newest step a peer had opened when asked (``swarm_step``; -1: none yet)."""
+    """What a replay did: ``rounds`` applied (``first`` .. ``first + rounds - 1``), the newest
+    step a peer had opened when asked (``swarm_step``; -1: none yet), and whether it reached a
+    round the peer had not decided yet (``tip``; else a round could not be fetched or the time
+    ran out, and the rounds applied are kept: each is the swarm's)."""
 
     first: int
     rounds: int
     swarm_step: int
+    tip: bool = True
 
 
 AskStep = Callable[[bytes], Awaitable[int | None]]
@@ -70,8 +73,9 @@ async def replay_to_swarm(
     """Replay from round ``due`` up to the swarm's step (module doc). ``ask_step(peer)`` is
     ``manifest_ask.ask_newest`` (-1: no step yet; None: no answer); ``replay_round(step, sources,
     timeout)`` is the exchange's ``replay``; ``apply`` applies one round to the model.
-    None when the node should download a state instead: no peer answered, the swarm is more than
-    ``max_gap`` rounds past ``due``, a round could not be fetched or the time ran out."""
+    None when the node should download a state instead: no peer answered, or the swarm is more
+    than ``max_gap`` rounds past ``due``; ``tip`` false when a round could not be fetched or the
+    time ran out (after the rounds counted)."""
     asked = list(peers)[:PROBE_PEERS]
     answers = await asyncio.gather(*(ask_step(p) for p in asked))
     at = {p: s for p, s in zip(asked, answers, strict=True) if s is not None}
@@ -87,12 +91,12 @@ async def replay_to_swarm(
         left = end - time.monotonic()
         if left <= 0:
             log.info("replay: out of time at round %d", step)
-            return None
+            return Replayed(due, step - due, swarm, tip=False)
         try:
             rnd = await replay_round(step, sources, min(ASK_TIMEOUT_S, left))
         except RoundUnavailable as e:
             log.info("replay: round %d: %s", step, e)
-            return None
+            return Replayed(due, step - due, swarm, tip=False)
         if rnd is None:
             return Replayed(due, step - due, swarm)
         await apply(rnd)
@@ -103,10 +107,11 @@ async def replay_node(
     node: Node, peers: Sequence[bytes], timeout: float, *, verify_steps: int
 ) -> bool | None:
     """``Node.catch_up``'s first try, and its last step after a state download: True when rounds
-    were replayed (``node.step`` moved; its hash is checked against peers for ``verify_steps``
-    steps; ``status.resyncs`` counts it, so a drift check begun before it is void), False when the
-    swarm is at most one step past ours (we are in step: nothing to replay or download), None
-    when a state must be downloaded instead."""
+    were replayed up to the swarm's step (``node.step`` moved; its hash is checked against peers
+    for ``verify_steps`` steps; ``status.resyncs`` counts it, so a drift check begun before it
+    is void), False when the swarm is at most one step past ours (we are in step: nothing to
+    replay or download), None when a state must be downloaded instead (``node.step`` has moved
+    if some rounds were replayed before that)."""
     assert node.core is not None and node.swarm is not None
     optimizer, was = node.optimizer, node.step
 
@@ -123,11 +128,12 @@ async def replay_node(
     if got is None:
         return None
     if not got.rounds:
-        return False if got.swarm_step <= was + 1 else None
-    node.step = optimizer.step_index
-    log.info("caught up: replayed rounds %d-%d the swarm decided, now at step %d (was at %d)",
-             got.first, got.first + got.rounds - 1, node.step, was)  # fmt: skip
+        return False if got.tip and got.swarm_step <= was + 1 else None
+    node.step = optimizer.step_index  # rounds applied are the swarm's, whatever came after them
+    log.info("%s: replayed rounds %d-%d the swarm decided, now at step %d (was at %d)",
+             "caught up" if got.tip else "partly caught up", got.first, got.first + got.rounds - 1,
+             node.step, was)  # fmt: skip
     node.status.resyncs += 1
     node.status.replayed_rounds += got.rounds
     node.verify_until = node.step + verify_steps
-    return True
+    return True if got.tip else None

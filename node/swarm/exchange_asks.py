@@ -90,25 +90,28 @@ class ManifestAsks:
     async def replay(self, step: int, sources: list[bytes], timeout: float) -> Round | None:
         """The accepted set the first of ``sources`` that answers applied for ``step``, its frames
         pulled (``node/replay.py``); None when that peer has not decided it (yet). Raises
-        ``RoundUnavailable`` when the step is older than our window or the peer's, or a listed
-        frame cannot be pulled."""
+        ``RoundUnavailable`` when the step is older than our window or the peer's, when no source
+        answers with a valid manifest, or when a listed frame cannot be pulled."""
         state = self._round(step, local=True)
         if state is None:
             raise RoundUnavailable(f"step {step} is older than the retention window")
+        if state.decided is not None:
+            return state.decided
         for peer in sources:
-            if state.decided is not None:
-                return state.decided
             data = await request_decided(self.swarm.host.control_path, peer_id(peer), step, timeout)
             if data == GONE:
                 raise RoundUnavailable(f"step {step} is older than {peer_id_to_b58(peer)}'s window")
             if data == b"":
                 return None
+            if data is None:
+                continue
             try:
-                man = None if data is None else self._open_manifest(data)
+                man = self._open_manifest(data)
             except Rejected as e:
                 self.rejected[e.code] += 1
                 continue
-            if man is not None and man.step == step:
+            if man.step == step:
                 state.frozen = True
                 state.decided, state.adopted = await self._fill(step, state, man, peer), man
-        return state.decided
+                return state.decided
+        raise RoundUnavailable(f"step {step}: none of {len(sources)} peer(s) gave the round it applied")

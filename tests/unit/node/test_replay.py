@@ -66,9 +66,9 @@ async def test_it_gives_up_for_a_download_when_nobody_answers_or_the_swarm_is_to
 
 
 @pytest.mark.asyncio
-async def test_a_round_older_than_the_peers_window_or_no_time_left_means_a_download() -> None:
+async def test_a_round_older_than_the_peers_window_or_no_time_left_stops_short_of_the_tip() -> None:
     gone = _Swarm({A: 10}, decided_below=10, gone_below=4)
-    assert await gone.run(due=2) is None
+    assert await gone.run(due=2) == Replayed(first=2, rounds=0, swarm_step=10, tip=False)
     assert gone.applied == []
 
     class Slow(_Swarm):
@@ -77,5 +77,6 @@ async def test_a_round_older_than_the_peers_window_or_no_time_left_means_a_downl
             self.applied.append(rnd.step)
 
     slow = Slow({A: 10}, decided_below=10)
-    assert await slow.run(due=0, timeout=0.12) is None
+    got = await slow.run(due=0, timeout=0.12)
+    assert got is not None and not got.tip and got.rounds == len(slow.applied)  # what it applied counts
     assert 1 <= len(slow.applied) <= 4

@@ -33,13 +33,14 @@ from distronet.node.swarm.manifest_ask import ask_newest
 if TYPE_CHECKING:
     from distronet.node.daemon import Node
 
-__all__ = ["PROBE_PEERS", "Replayed", "replay_node", "replay_to_swarm"]
+__all__ = ["AHEAD", "PROBE_PEERS", "Replayed", "replay_node", "replay_to_swarm"]
 
 log = logging.getLogger(__name__)
 
 PROBE_PEERS = 4  # topic peers asked which step they are at
 ASK_TIMEOUT_S = 2.0  # per question
 GAP_MARGIN = 4  # rounds a peer may drop from its window (retention) while we replay
+AHEAD = 4  # rounds fetched ahead of the one being applied
 
 
 @dataclass(frozen=True)
@@ -87,20 +88,36 @@ async def replay_to_swarm(
         return None
     sources = sorted(at, key=lambda p: -at[p])  # the most advanced peer first
     end, step = time.monotonic() + timeout, due
-    while True:
-        left = end - time.monotonic()
-        if left <= 0:
-            log.info("replay: out of time at round %d", step)
-            return Replayed(due, step - due, swarm, tip=False)
-        try:
-            rnd = await replay_round(step, sources, min(ASK_TIMEOUT_S, left))
-        except RoundUnavailable as e:
-            log.info("replay: round %d: %s", step, e)
-            return Replayed(due, step - due, swarm, tip=False)
-        if rnd is None:
-            return Replayed(due, step - due, swarm)
-        await apply(rnd)
-        step += 1
+    ahead: dict[int, asyncio.Task[Round | None]] = {}  # the next rounds, fetched while one applies
+
+    def fetch(s: int) -> asyncio.Task[Round | None]:
+        return asyncio.ensure_future(
+            replay_round(s, sources, max(0.1, min(ASK_TIMEOUT_S, end - time.monotonic())))
+        )
+
+    try:
+        while True:
+            for s in range(step, step + AHEAD):
+                if s not in ahead:
+                    ahead[s] = fetch(s)
+            left = end - time.monotonic()
+            try:
+                if left <= 0:
+                    raise asyncio.TimeoutError
+                rnd = await asyncio.wait_for(asyncio.shield(ahead.pop(step)), left)
+            except asyncio.TimeoutError:
+                log.info("replay: out of time at round %d", step)
+                return Replayed(due, step - due, swarm, tip=False)
+            except RoundUnavailable as e:
+                log.info("replay: round %d: %s", step, e)
+                return Replayed(due, step - due, swarm, tip=False)
+            if rnd is None:
+                return Replayed(due, step - due, swarm)
+            await apply(rnd)
+            step += 1
+    finally:
+        for task in ahead.values():
+            task.cancel()
 
 
 async def replay_node(

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from distronet.node.exchange.base import Round, RoundUnavailable
-from distronet.node.replay import Replayed, replay_to_swarm
+from distronet.node.replay import AHEAD, Replayed, replay_to_swarm
 
 A, B, C = b"a" * 38, b"b" * 38, b"c" * 38
 
@@ -46,7 +46,8 @@ async def test_it_replays_each_decided_round_in_order_from_the_most_advanced_pee
     swarm = _Swarm({A: 5, B: 7, C: None}, decided_below=6)
     assert await swarm.run(due=2) == Replayed(first=2, rounds=4, swarm_step=7)
     assert swarm.applied == [2, 3, 4, 5]
-    assert [s for s, _ in swarm.asked] == [2, 3, 4, 5, 6]  # 6: not decided yet, the tip
+    asked = sorted({s for s, _ in swarm.asked})  # 6: not decided yet, the tip; a few fetched ahead
+    assert asked[:5] == [2, 3, 4, 5, 6] and max(asked) < 6 + AHEAD
     assert all(sources == [B, A] for _, sources in swarm.asked)  # silent C is not asked
 
 
@@ -80,3 +81,15 @@ async def test_a_round_older_than_the_peers_window_or_no_time_left_stops_short_o
     got = await slow.run(due=0, timeout=0.12)
     assert got is not None and not got.tip and got.rounds == len(slow.applied)  # what it applied counts
     assert 1 <= len(slow.applied) <= 4
+
+
+@pytest.mark.asyncio
+async def test_rounds_fetched_ahead_are_applied_in_order_whatever_order_they_arrive_in() -> None:
+    class Reversed(_Swarm):
+        async def replay_round(self, step: int, sources: list[bytes], timeout: float) -> Round | None:
+            await asyncio.sleep(0.01 * (AHEAD - step % AHEAD))  # later rounds arrive first
+            return await super().replay_round(step, sources, timeout)
+
+    swarm = Reversed({A: 12}, decided_below=11)
+    assert await swarm.run(due=0) == Replayed(first=0, rounds=11, swarm_step=12)
+    assert swarm.applied == list(range(11))

@@ -11,12 +11,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
-from p2p_trio import trio
+from p2p_trio import Peer, trio
 
 from distronet.node.exchange.base import RoundUnavailable
-from distronet.node.swarm.exchange import AsyncSwarmExchange, ExchangeConfig
+from distronet.node.swarm.exchange import ExchangeConfig
 from distronet.node.swarm.manifest_ask import ask_newest
-from distronet.node.swarm.stack import Swarm
 from distronet.protocol.identity import Identity
 from distronet.protocol.layout import layout_digest
 from distronet.protocol.packet import seal_packet
@@ -28,7 +27,7 @@ DIGEST = layout_digest([("w", (64, 64), 32)])
 CONFIG = ExchangeConfig(
     round_deadline_s=0.5, manifest_grace_s=0.2, manifest_wait_s=0.5, pull_timeout_s=10.0, retention=4
 )
-Peers = list[tuple[Swarm, AsyncSwarmExchange]]
+Peers = list[Peer]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

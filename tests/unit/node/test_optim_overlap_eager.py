@@ -13,6 +13,7 @@ import hashlib
 import math
 
 import torch
+from tiny_net import tiny_grads, tiny_model
 from torch import nn
 
 from distronet.kernels.decode import decode_sum
@@ -25,18 +26,6 @@ from distronet.protocol.identity import Identity
 _IDS = [Identity.from_seed(hashlib.sha256(b"overlap-eager %d" % i).digest()) for i in range(3)]
 
 
-def _model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(24, 16), nn.Tanh(), nn.Linear(16, 8))
-
-
-def _set_grad(model: nn.Module, peer: int, step: int) -> None:
-    g = torch.Generator().manual_seed(1000 * peer + step)
-    x, y = torch.randn(16, 24, generator=g), torch.randn(16, 8, generator=g)
-    model.zero_grad(set_to_none=True)
-    nn.functional.mse_loss(model(x), y).backward()
-
-
 def _cfg(**kw: object) -> DistroConfig:
     fields: dict[str, object] = {"weight_decay": 0.1, "overlap": True, "overlap_scale": 0.7, **kw}
     return preset("ours_k32", lr=0.02, warmup_steps=3, total_steps=12, **fields)
@@ -44,7 +33,7 @@ def _cfg(**kw: object) -> DistroConfig:
 
 def _swarm(cfg: DistroConfig, n: int) -> tuple[list[nn.Module], list[DistroOptimizer]]:
     hub = MemoryHub()
-    models = [_model() for _ in range(n)]
+    models = [tiny_model() for _ in range(n)]
     opts = [
         DistroOptimizer(m.named_parameters(), cfg, hub.join(i.peer_id), i)
         for m, i in zip(models, _IDS[:n], strict=True)
@@ -54,7 +43,7 @@ def _swarm(cfg: DistroConfig, n: int) -> tuple[list[nn.Module], list[DistroOptim
 
 def _step(models: list[nn.Module], opts: list[DistroOptimizer], t: int) -> None:
     for i, (m, o) in enumerate(zip(models, opts, strict=True)):
-        _set_grad(m, i, t)
+        tiny_grads(m, i, t)
         o.begin_step()
     for o in opts:
         o.finish_step()
@@ -84,7 +73,7 @@ def test_two_peers_eager_guess_is_other_stale_plus_own_fresh() -> None:
     history: list[list[list[torch.Tensor]]] = []  # history[t][peer]: decoded packet of step t
     for t in range(8):
         for i, (m, o) in enumerate(zip(models, opts, strict=True)):
-            _set_grad(m, i, t)
+            tiny_grads(m, i, t)
             o.begin_step()
         history.append([_decoded(o, t) for o in opts])
         for o in opts:

@@ -8,6 +8,7 @@ import hashlib
 
 import pytest
 import torch
+from tiny_net import tiny_grads, tiny_model
 from torch import nn
 
 from distronet.node.exchange.base import Round
@@ -18,18 +19,6 @@ from distronet.protocol.errors import ConfigError
 from distronet.protocol.identity import Identity
 
 _IDS = [Identity.from_seed(hashlib.sha256(b"replay-%d" % i).digest()) for i in range(3)]
-
-
-def _model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(24, 16), nn.Tanh(), nn.Linear(16, 8))
-
-
-def _grads(model: nn.Module, peer: int, step: int) -> None:
-    g = torch.Generator().manual_seed(1000 * peer + step)
-    x, y = torch.randn(16, 24, generator=g), torch.randn(16, 8, generator=g)
-    model.zero_grad()
-    nn.functional.mse_loss(model(x), y).backward()
 
 
 class _Recording(MemoryExchange):
@@ -55,7 +44,7 @@ def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 
 def _step_all(opts: list[DistroOptimizer], models: list[nn.Module], peers: list[int], step: int) -> None:
     for opt, model, peer in zip(opts, models, peers, strict=True):
-        _grads(model, peer, step)
+        tiny_grads(model, peer, step)
         opt.begin_step()
     for opt in opts:
         opt.finish_step()
@@ -69,7 +58,7 @@ def test_replayed_rounds_equal_the_trained_consensus_and_the_replica_trains_on_i
 ) -> None:
     cfg = preset("ours_k32", lr=0.02, warmup_steps=2, total_steps=20, overlap=overlap, overlap_start=start)
     hub = MemoryHub(retention=64)
-    models = [_model(), _model()]
+    models = [tiny_model(), tiny_model()]
     a_ex = _Recording(hub, _IDS[0].peer_id)
     opts = [
         DistroOptimizer(models[0].named_parameters(), cfg, a_ex, _IDS[0]),
@@ -80,7 +69,7 @@ def test_replayed_rounds_equal_the_trained_consensus_and_the_replica_trains_on_i
         _step_all(opts, models, [0, 1], t)
         seen[opts[0].step_index] = _digest(opts[0])
 
-    late_model = _model()  # the run's seeded weights: step 0 of the swarm
+    late_model = tiny_model()  # the run's seeded weights: step 0 of the swarm
     late = DistroOptimizer(late_model.named_parameters(), cfg, MemoryHub().join(_IDS[2].peer_id), _IDS[2])
     assert late.rounds_due() == 0
     with pytest.raises(ConfigError, match="round 0 is due"):

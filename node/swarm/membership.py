@@ -40,6 +40,8 @@ _MAGIC = b"DNM1"
 _SIG = 64
 MAX_RECORD_BYTES = 4096
 MAX_MADDRS = 16
+FIRST_ANNOUNCE_TRIES = 3  # a DHT just joined may not reach a peer that stores our record at once
+FIRST_ANNOUNCE_GAP_S = 0.5
 
 
 def members_key(run_id: str) -> str:
@@ -164,7 +166,7 @@ class Membership:
             raise MembershipError(f"cannot join the run's DHT: {e}") from e
         self = cls(host, identity, dht, config)
         try:
-            await self.announce()
+            await self.first_announce()
         except BaseException:
             await dht.shutdown()
             raise
@@ -185,6 +187,21 @@ class Membership:
         maddrs = (await self.host.maddrs())[:MAX_MADDRS]
         if not await self._store({"v": 1, "maddrs": maddrs}):
             raise MembershipError(f"no DHT node stored the membership record of {self.identity.peer_id_b58}")
+
+    async def first_announce(self, tries: int = FIRST_ANNOUNCE_TRIES) -> None:
+        """Write our first record, trying ``tries`` times ``FIRST_ANNOUNCE_GAP_S`` apart: right
+        after the DHT join its routing table may not reach a peer that stores it yet, and giving
+        up costs the node a second p2pd start without bootstrap peers. Raises MembershipError
+        after the last try."""
+        for attempt in range(tries):
+            try:
+                await self.announce()
+                return
+            except MembershipError as e:
+                if attempt + 1 >= tries:
+                    raise
+                log.info("membership: first announce not stored (%s); trying again", e)
+                await asyncio.sleep(FIRST_ANNOUNCE_GAP_S)
 
     async def _renew(self) -> None:
         while True:

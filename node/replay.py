@@ -97,9 +97,11 @@ async def replay_to_swarm(
 
     try:
         while True:
-            for s in range(step, step + AHEAD):
+            for s in range(step, min(step + AHEAD, swarm + 1)):  # none past the swarm's newest
                 if s not in ahead:
                     ahead[s] = fetch(s)
+            if step not in ahead:  # past every peer's newest step: we are at the tip
+                return Replayed(due, step - due, swarm)
             left = end - time.monotonic()
             try:
                 if left <= 0:

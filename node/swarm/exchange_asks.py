@@ -92,11 +92,9 @@ class ManifestAsks:
         pulled (``node/replay.py``); None when that peer has not decided it (yet). Raises
         ``RoundUnavailable`` when the step is older than our window or the peer's, when no source
         answers with a valid manifest, or when a listed frame cannot be pulled."""
-        state = self._round(step, local=True)
-        if state is None:
-            raise RoundUnavailable(f"step {step} is older than the retention window")
-        if state.decided is not None:
-            return state.decided
+        held = self._rounds.get(step)
+        if held is not None and held.decided is not None:
+            return held.decided
         for peer in sources:
             data = await request_decided(self.swarm.host.control_path, peer_id(peer), step, timeout)
             if data == GONE:
@@ -110,7 +108,10 @@ class ManifestAsks:
             except Rejected as e:
                 self.rejected[e.code] += 1
                 continue
-            if man.step == step:
+            if man.step == step:  # only now the round opens here: a probe at the tip opens none,
+                state = self._round(step, local=True)  # whose deadline would then run from now
+                if state is None:
+                    raise RoundUnavailable(f"step {step} is older than the retention window")
                 state.frozen = True
                 state.decided, state.adopted = await self._fill(step, state, man, peer), man
                 return state.decided

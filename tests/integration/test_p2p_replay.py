@@ -57,7 +57,10 @@ async def test_a_replica_replays_the_rounds_its_peers_decided(peers: Peers) -> N
         rnd = await xc.replay(step, source, 2.0)
         assert rnd is not None and rnd.step == step
         assert dict(rnd) == decided[step], step  # the accepted set A and B applied, byte for byte
+    newest = xc._newest
     assert await xc.replay(6, source, 2.0) is None  # A has not decided round 6: C is at the tip
+    assert 6 not in xc._rounds and xc._newest == newest  # the probe opened no round (its deadline
+    # would have run from the probe, not from C's own publish)
     with pytest.raises(RoundUnavailable, match="none of 1 peer"):
         await xc.replay(7, [stranger], 1.0)  # nobody answered: not taken for the tip
     assert await xc.collect(5) is xc._rounds[5].decided  # what it replayed is its decided round

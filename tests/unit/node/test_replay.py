@@ -46,8 +46,8 @@ async def test_it_replays_each_decided_round_in_order_from_the_most_advanced_pee
     swarm = _Swarm({A: 5, B: 7, C: None}, decided_below=6)
     assert await swarm.run(due=2) == Replayed(first=2, rounds=4, swarm_step=7)
     assert swarm.applied == [2, 3, 4, 5]
-    asked = sorted({s for s, _ in swarm.asked})  # 6: not decided yet, the tip; a few fetched ahead
-    assert asked[:5] == [2, 3, 4, 5, 6] and max(asked) < 6 + AHEAD
+    asked = sorted({s for s, _ in swarm.asked})  # 6: not decided yet, the tip
+    assert asked == [2, 3, 4, 5, 6, 7]  # fetched ahead, but never past the swarm's newest step
     assert all(sources == [B, A] for _, sources in swarm.asked)  # silent C is not asked
 
 
@@ -55,7 +55,10 @@ async def test_it_replays_each_decided_round_in_order_from_the_most_advanced_pee
 async def test_in_step_it_replays_nothing_and_says_where_the_swarm_is() -> None:
     swarm = _Swarm({A: -1, B: 0}, decided_below=0)  # a run starting: nobody has decided a round
     assert await swarm.run(due=0) == Replayed(first=0, rounds=0, swarm_step=0)
-    assert swarm.applied == []
+    assert swarm.applied == [] and [s for s, _ in swarm.asked] == [0]  # nothing past their step
+    unborn = _Swarm({A: -1, B: -1}, decided_below=0)  # no peer has made a step: nothing to ask
+    assert await unborn.run(due=0) == Replayed(first=0, rounds=0, swarm_step=-1)
+    assert unborn.asked == []
 
 
 @pytest.mark.asyncio

@@ -78,8 +78,12 @@ async def replay_to_swarm(
     than ``max_gap`` rounds past ``due``; ``tip`` false when a round could not be fetched or the
     time ran out (after the rounds counted)."""
     asked = list(peers)[:PROBE_PEERS]
-    answers = await asyncio.gather(*(ask_step(p) for p in asked))
-    at = {p: s for p, s in zip(asked, answers, strict=True) if s is not None}
+
+    async def where() -> dict[bytes, int]:  # peer -> its newest step, for those that answer
+        answers = await asyncio.gather(*(ask_step(p) for p in asked))
+        return {p: s for p, s in zip(asked, answers, strict=True) if s is not None}
+
+    at = await where()
     if not at:
         return None
     swarm = max(at.values())
@@ -100,8 +104,11 @@ async def replay_to_swarm(
             for s in range(step, min(step + AHEAD, swarm + 1)):  # none past the swarm's newest
                 if s not in ahead:
                     ahead[s] = fetch(s)
-            if step not in ahead:  # past every peer's newest step: we are at the tip
-                return Replayed(due, step - due, swarm)
+            if step not in ahead:  # past the peers' newest step as last asked: where are they now?
+                swarm = max([swarm, *(await where()).values()])
+                if step > swarm:
+                    return Replayed(due, step - due, swarm)
+                continue
             left = end - time.monotonic()
             try:
                 if left <= 0:
@@ -113,8 +120,13 @@ async def replay_to_swarm(
             except RoundUnavailable as e:
                 log.info("replay: round %d: %s", step, e)
                 return Replayed(due, step - due, swarm, tip=False)
-            if rnd is None:
-                return Replayed(due, step - due, swarm)
+            if rnd is None:  # asked before the last rounds were applied: the swarm may be past it
+                try:
+                    rnd = await asyncio.wait_for(fetch(step), max(0.1, end - time.monotonic()))
+                except (asyncio.TimeoutError, RoundUnavailable):
+                    rnd = None
+                if rnd is None:
+                    return Replayed(due, step - due, swarm)
             await apply(rnd)
             step += 1
     finally:

@@ -55,7 +55,7 @@ async def test_it_replays_each_decided_round_in_order_from_the_most_advanced_pee
 async def test_in_step_it_replays_nothing_and_says_where_the_swarm_is() -> None:
     swarm = _Swarm({A: -1, B: 0}, decided_below=0)  # a run starting: nobody has decided a round
     assert await swarm.run(due=0) == Replayed(first=0, rounds=0, swarm_step=0)
-    assert swarm.applied == [] and [s for s, _ in swarm.asked] == [0]  # nothing past their step
+    assert swarm.applied == [] and {s for s, _ in swarm.asked} == {0}  # nothing past their step
     unborn = _Swarm({A: -1, B: -1}, decided_below=0)  # no peer has made a step: nothing to ask
     assert await unborn.run(due=0) == Replayed(first=0, rounds=0, swarm_step=-1)
     assert unborn.asked == []
@@ -96,3 +96,17 @@ async def test_rounds_fetched_ahead_are_applied_in_order_whatever_order_they_arr
     swarm = Reversed({A: 12}, decided_below=11)
     assert await swarm.run(due=0) == Replayed(first=0, rounds=11, swarm_step=12)
     assert swarm.applied == list(range(11))
+
+
+@pytest.mark.asyncio
+async def test_a_swarm_that_moves_on_during_the_replay_is_followed_to_its_new_tip() -> None:
+    class Moving(_Swarm):
+        async def apply(self, rnd: Round) -> None:
+            await super().apply(rnd)
+            if self.decided_below < 8:  # the swarm decides one more round while we apply one
+                self.decided_below += 1
+                self.at[A] = self.decided_below
+
+    swarm = Moving({A: 3}, decided_below=3)
+    assert await swarm.run(due=0) == Replayed(first=0, rounds=8, swarm_step=8)
+    assert swarm.applied == list(range(8))

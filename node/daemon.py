@@ -463,8 +463,8 @@ class Node:
             donors = list(set(await self.swarm.gossip.topic_peers(self.swarm.topic)))
         if not donors:
             return False
+        peers = [p.to_bytes() for p in donors]
         if replay and self.core is not None:
-            peers = [p.to_bytes() for p in donors]
             replayed = await replay_node(self, peers, min(timeout, 20.0), verify_steps=VERIFY_STEPS)
             if replayed or (replayed is False and joining):
                 return bool(replayed)
@@ -500,17 +500,15 @@ class Node:
             self.trainer.optimizer = self.optimizer
             log.info("caught up: adopted the swarm's state at step %d (was at %d)", step, self.step)
             self.step = step
-        self.status.resyncs += 1
-        self.status.resync_steps.append(step)
-        self.verify_until = step + VERIFY_STEPS
-        if self.core is not None:  # zero momentum: our next packets are masked warm-up packets
-            self.status.warmup_until = self.core.start_warmup(step)
         if self.donor is not None:
-            self.donor.offer(self.step, blob)
-        peers = [p.to_bytes() for p in donors]  # the swarm moved on during the download: replay
-        if replay and await replay_node(self, peers, 10.0, verify_steps=VERIFY_STEPS) and self.core:
-            self.status.resync_steps[-1] = self.step  # where it resumes, with momentum still zero:
-            self.status.warmup_until = self.core.start_warmup(self.step)  # warm up from here
+            self.donor.offer(step, blob)
+        if replay and self.core is not None:  # the swarm moved on during the download
+            await replay_node(self, peers, 10.0, verify_steps=VERIFY_STEPS)
+        self.status.resyncs += 1
+        self.status.resync_steps.append(self.step)  # where it resumes, with momentum at zero
+        self.verify_until = self.step + VERIFY_STEPS
+        if self.core is not None:  # zero momentum: our next packets are masked warm-up packets
+            self.status.warmup_until = self.core.start_warmup(self.step)
         return True
 
     async def snapshot_state(self) -> tuple[int, bytes]:

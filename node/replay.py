@@ -28,16 +28,15 @@ from typing import TYPE_CHECKING
 
 from distronet.node.exchange.base import Round, RoundUnavailable
 from distronet.node.swarm.control import peer_id
-from distronet.node.swarm.manifest_ask import ask_newest
+from distronet.node.swarm.manifest_ask import AskStep, ask_newest, steps_of
 
 if TYPE_CHECKING:
     from distronet.node.daemon import Node
 
-__all__ = ["AHEAD", "PROBE_PEERS", "Replayed", "replay_node", "replay_to_swarm"]
+__all__ = ["AHEAD", "Replayed", "replay_node", "replay_to_swarm"]
 
 log = logging.getLogger(__name__)
 
-PROBE_PEERS = 4  # topic peers asked which step they are at
 ASK_TIMEOUT_S = 2.0  # per question
 GAP_MARGIN = 4  # rounds a peer may drop from its window (retention) while we replay
 AHEAD = 4  # rounds fetched ahead of the one being applied
@@ -56,7 +55,6 @@ class Replayed:
     tip: bool = True
 
 
-AskStep = Callable[[bytes], Awaitable[int | None]]
 ReplayRound = Callable[[int, list[bytes], float], Awaitable[Round | None]]
 ApplyRound = Callable[[Round], Awaitable[None]]
 
@@ -77,11 +75,9 @@ async def replay_to_swarm(
     None when the node should download a state instead: no peer answered, or the swarm is more
     than ``max_gap`` rounds past ``due``; ``tip`` false when a round could not be fetched or the
     time ran out (after the rounds counted)."""
-    asked = list(peers)[:PROBE_PEERS]
 
-    async def where() -> dict[bytes, int]:  # peer -> its newest step, for those that answer
-        answers = await asyncio.gather(*(ask_step(p) for p in asked))
-        return {p: s for p, s in zip(asked, answers, strict=True) if s is not None}
+    def where() -> Awaitable[dict[bytes, int]]:  # peer -> its newest step, for those that answer
+        return steps_of(peers, ask_step)
 
     at = await where()
     if not at:
@@ -113,7 +109,7 @@ async def replay_to_swarm(
             try:
                 if left <= 0:
                     raise asyncio.TimeoutError
-                rnd = await asyncio.wait_for(asyncio.shield(ahead.pop(step)), left)
+                rnd = await asyncio.wait_for(ahead.pop(step), left)
             except asyncio.TimeoutError:
                 log.info("replay: out of time at round %d", step)
                 return Replayed(due, step - due, swarm, tip=False)

@@ -28,17 +28,16 @@ import time
 from collections.abc import Awaitable, Callable, Collection
 
 from distronet.node.swarm.manifest import leader_rank
+from distronet.node.swarm.manifest_ask import PROBE_PEERS, AskStep, steps_of
 
 __all__ = ["NEAR_STEPS", "PROBE_PEERS", "PROBE_TIMEOUT_S", "RECHECK_S", "AloneWatch", "MakeFellBehind"]
 
 log = logging.getLogger(__name__)
 
-PROBE_PEERS = 4  # topic peers asked for their step
 PROBE_TIMEOUT_S = 1.0  # per question
 NEAR_STEPS = 8  # a peer at most this far below our step is in step with us
 RECHECK_S = 10.0  # after asking found nobody near, rounds of one go on unasked this long
 
-AskStep = Callable[[bytes], Awaitable[int | None]]
 AskManifest = Callable[[bytes], Awaitable[bool]]
 MakeFellBehind = Callable[[str, int], Exception]  # (message, swarm_step) -> the error to raise
 
@@ -79,9 +78,7 @@ class AloneWatch:
         give_up = time.monotonic() + wait_s
         waited = False
         while True:
-            asked = sorted(peers)[:PROBE_PEERS]
-            answers = await asyncio.gather(*(ask_step(p) for p in asked))
-            at = {p: s for p, s in zip(asked, answers, strict=True) if s is not None}
+            at = await steps_of(peers, ask_step)
             if any(s > step for s in at.values()):
                 raise fell_behind(
                     f"step {step}: no other producer heard while peers in our topic are at steps up to "

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Collection
 
 from hivemind.p2p import PeerID
 
@@ -39,11 +39,14 @@ __all__ = [
     "GONE",
     "MANIFEST_PULL_PROTOCOL",
     "MAX_MANIFEST_BYTES",
+    "PROBE_PEERS",
+    "AskStep",
     "ask_newest",
     "request_decided",
     "request_manifest",
     "request_newest",
     "serve_manifest_request",
+    "steps_of",
 ]
 
 MANIFEST_PULL_PROTOCOL = "/distronet/manifest/1"
@@ -54,6 +57,7 @@ _DECIDED = b"DNR?"
 GONE = b"G"  # a decided-round answer: that step is older than the peer's window
 _MAX_STEP = 2**62  # a larger step read off the wire is malformed
 _SERVE_TIMEOUT_S = 10.0
+PROBE_PEERS = 4  # peers asked at once which step they are at (swarm.alone, node/replay.py)
 
 
 async def _request(control_path: str, peer: PeerID, request: bytes, timeout: float) -> bytes | None:
@@ -106,6 +110,18 @@ async def ask_newest(control_path: str, peer: PeerID, timeout: float) -> int | N
         return None
     step = struct.unpack(">Q", data)[0] if data else -1
     return step if step < _MAX_STEP else None
+
+
+AskStep = Callable[[bytes], Awaitable[int | None]]
+
+
+async def steps_of(peers: Collection[bytes], ask: AskStep) -> dict[bytes, int]:
+    """Ask up to ``PROBE_PEERS`` of ``peers`` (in id order) at once which step they are at
+    (``ask`` is :func:`request_newest` or :func:`ask_newest` bound to a control path); the
+    answers of those that answered."""
+    asked = sorted(peers)[:PROBE_PEERS]
+    answers = await asyncio.gather(*(ask(p) for p in asked))
+    return {p: s for p, s in zip(asked, answers, strict=True) if s is not None}
 
 
 async def serve_manifest_request(

@@ -14,9 +14,12 @@ from collections.abc import Sequence
 
 from distronet.node.exitcodes import ExitCode
 
-__all__ = ["GOMP_SPINCOUNT", "build_parser", "main"]
+__all__ = ["GOGC", "GOMP_SPINCOUNT", "build_parser", "main"]
 
 GOMP_SPINCOUNT = "20000"
+# p2pd (Go, started by the node, inherits our environment) collects its small heap a quarter as
+# often: ~1 ms less CPU a step for a 4-node swarm, RSS +2 MB (docs/benchmarks.md, session 10)
+GOGC = "400"
 """How long torch's OpenMP workers (GNU libgomp in the pip wheels) spin after a parallel region
 before they sleep. libgomp's default (300,000 spins, several ms) keeps the second core busy
 after every inverse DCT and matmul, starving the threads that open frames, the event loop and
@@ -46,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `distro-node` console script; returns the process exit code."""
     os.environ.setdefault("GOMP_SPINCOUNT", GOMP_SPINCOUNT)  # before any sub-command loads torch
+    os.environ.setdefault("GOGC", GOGC)  # before the node starts p2pd
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -181,7 +181,7 @@ async def _one_step(node: Node) -> tuple[StepResult, str] | None:
 
 def _account(node: Node, res: StepResult, wall: float, up0: int, down0: int, digest: str) -> None:
     s, m, stats = node.status, node.metrics, node.exchange.stats
-    s.step, s.loss = res.step, res.loss
+    s.step, s.loss, s.step_time = res.step, res.loss, time.time()
     s.cpu_steps += 1
     s.cpu_train_s += res.cpu_s
     s.cpu_optimizer_s += res.optimizer_cpu_s

@@ -61,6 +61,7 @@ class NodeStatus:
     alone_waits: int = 0  # rounds in which we heard nobody and waited for peers in step (unheard)
     completed_units: list[int] = dataclasses.field(default_factory=list)  # shard units we completed
     pending_reports: int = 0  # reports queued for the coordinator (it is unreachable)
+    step_time: float = 0.0  # unix time at which step ``step`` ended (bench rates from outside)
     cpu_steps: int = 0  # steps counted in the two sums below
     cpu_train_s: float = 0.0  # CPU seconds of the steps' own thread (batch, gradients, optimizer, digest)
     cpu_optimizer_s: float = 0.0  # of which the optimizer step (encode, decode, apply)

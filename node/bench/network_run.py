@@ -42,6 +42,9 @@ __all__ = [
 ]
 
 POLL_S = 0.05
+# The timed swarm is polled more slowly (the harness's own CPU is not the swarm's): its rates come
+# from the steps' own end times (status ``step_time``), so the poll interval does not blur them.
+RATE_POLL_S = 0.2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,8 +199,9 @@ class ShapedResult:
 
 @dataclasses.dataclass(frozen=True)
 class _Mark:
-    """One poll's view of a node: when, its step, its CPU counters (see :func:`_cpu_seconds`)
-    and the status file's training-thread sums."""
+    """One poll's view of a node: when its step ended (the status's ``step_time``; the poll's
+    time when absent), its step, its CPU counters (see :func:`_cpu_seconds`) and the status
+    file's training-thread sums."""
 
     t: float
     step: int
@@ -211,7 +215,8 @@ class _Mark:
 def _mark(swarm: LocalSwarm, i: int, now: float, step: int) -> _Mark:
     st = swarm.status(i)
     loop, process, p2pd = _cpu_seconds(swarm.nodes[i].pid)
-    return _Mark(now, step, loop, process, p2pd, float(st.get("cpu_train_s", "nan")),
+    return _Mark(float(st.get("step_time") or now), int(st.get("step", step)), loop, process, p2pd,
+                 float(st.get("cpu_train_s", "nan")),
                  float(st.get("cpu_optimizer_s", "nan")))  # fmt: skip
 
 
@@ -233,8 +238,8 @@ def _step_rates(
     swarm: LocalSwarm, n: int, start: int, stop: int, timeout: float
 ) -> tuple[list[float], list[CpuSplit]]:
     """Per node, steps per second between the first poll that saw it at step >= ``start`` and
-    the first that saw it at >= ``stop`` (nan when both were the same poll: a resync jump), and
-    its CPU per step over the same steps."""
+    the first that saw it at >= ``stop``, timed by those steps' end times (nan when both were the
+    same poll: a resync jump), and its CPU per step over the same steps (read at the polls)."""
     first: list[_Mark | None] = [None] * n
     last: list[_Mark | None] = [None] * n
     end = time.monotonic() + timeout
@@ -250,7 +255,7 @@ def _step_rates(
                 first[i] = _mark(swarm, i, now, step)
             if last[i] is None and step >= stop:
                 last[i] = _mark(swarm, i, now, step)
-        time.sleep(POLL_S)
+        time.sleep(RATE_POLL_S)
     rates, cpu = [], []
     for a, b in zip(first, last, strict=True):
         assert a is not None and b is not None

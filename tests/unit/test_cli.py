@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from distronet.node.cli import GOMP_SPINCOUNT, build_parser, main
+from distronet.node.cli import GOGC, GOMP_SPINCOUNT, build_parser, main
 
 
 def test_every_subcommand_is_registered() -> None:
@@ -25,14 +25,22 @@ def test_console_script_help(module: str) -> None:
     assert "usage" in out.stdout
 
 
-@pytest.mark.parametrize(("preset", "expected"), [(None, GOMP_SPINCOUNT), ("5", "5")])
-def test_main_sets_the_openmp_spin_count_unless_given(
-    monkeypatch: pytest.MonkeyPatch, preset: str | None, expected: str
+@pytest.mark.parametrize(
+    ("var", "preset", "expected"),
+    [
+        ("GOMP_SPINCOUNT", None, GOMP_SPINCOUNT),
+        ("GOMP_SPINCOUNT", "5", "5"),
+        ("GOGC", None, GOGC),  # p2pd inherits it
+        ("GOGC", "100", "100"),
+    ],
+)
+def test_main_sets_the_spin_count_and_p2pd_gc_unless_given(
+    monkeypatch: pytest.MonkeyPatch, var: str, preset: str | None, expected: str
 ) -> None:
     if preset is None:
-        monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+        monkeypatch.delenv(var, raising=False)
     else:
-        monkeypatch.setenv("GOMP_SPINCOUNT", preset)
+        monkeypatch.setenv(var, preset)
     with pytest.raises(SystemExit):
         main(["--help"])
-    assert os.environ["GOMP_SPINCOUNT"] == expected
+    assert os.environ[var] == expected

@@ -146,6 +146,21 @@ def test_bench_network_cpu_split_per_step_between_two_polls() -> None:
     assert "0.125 (0.075) / 0.050 / 0.025 / 0.050" in table
 
 
+def test_bench_network_mark_times_the_step_read_not_the_poll() -> None:
+    import os
+    from types import SimpleNamespace
+
+    from distronet.node.bench.network_run import _mark
+
+    docs = [{"step": 9, "step_time": 1000.5, "cpu_train_s": 3.0, "cpu_optimizer_s": 1.0}, {"step": 2}]
+    swarm = SimpleNamespace(status=lambda i: docs[i], nodes=[SimpleNamespace(pid=os.getpid())] * 2)
+    m = _mark(swarm, 0, now=2000.0, step=8)  # type: ignore[arg-type]
+    assert (m.t, m.step, m.train, m.optimizer) == (1000.5, 9, 3.0, 1.0)  # the status's own step and time
+    assert m.process > 0 and m.loop > 0  # this process's CPU, read by psutil
+    old = _mark(swarm, 1, now=2000.0, step=2)  # a status without step_time: the poll's time
+    assert (old.t, old.step) == (2000.0, 2)
+
+
 def test_bench_network_fraction_needs_every_nodes_rate() -> None:
     nan = float("nan")
     assert network.swarm_fraction([3.0, 3.2, 3.4, 3.6], 4.0) == pytest.approx(0.825)

@@ -203,6 +203,7 @@ def _account(node: Node, res: StepResult, wall: float, up0: int, down0: int, dig
     if node.core is not None:
         s.warmup_heard = node.core.warmup_heard
         s.alone_waits = node.core.alone.waits
+        s.dead_frames = node.core.dead_frames
     if node.client is not None:
         s.pending_reports = node.client.pending
     s.record_digest(res.step, digest)

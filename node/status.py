@@ -59,6 +59,7 @@ class NodeStatus:
     warmup_until: int = -1  # our packets for steps below this are masked warm-up packets
     warmup_heard: int = 0  # warm-up announcements heard from other producers (masked, live)
     alone_waits: int = 0  # rounds in which we heard nobody and waited for peers in step (unheard)
+    dead_frames: int = 0  # manifest frames held by no live peer: their rounds applied without them
     completed_units: list[int] = dataclasses.field(default_factory=list)  # shard units we completed
     pending_reports: int = 0  # reports queued for the coordinator (it is unreachable)
     step_time: float = 0.0  # unix time at which step ``step`` ended (bench rates from outside)

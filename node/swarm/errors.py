@@ -7,7 +7,9 @@ DistroError
     ├── DaemonError         p2pd did not start, died, or a control call ran past its deadline
     ├── GossipError         a gossip publish/subscribe failed, or a message is over the size cap
     ├── PullError           no source delivered the content
-    │   └── PullTimeout     the pull's deadline passed
+    │   ├── PullTimeout     the pull's deadline passed
+    │   ├── PullNotFound    the source answered that it does not hold it
+    │   └── PullUnreachable no stream to the source could be opened
     └── MembershipError     the DHT could not be joined or a record not stored
 """
 
@@ -15,7 +17,16 @@ from __future__ import annotations
 
 from distronet.protocol.errors import DistroError
 
-__all__ = ["DaemonError", "GossipError", "MembershipError", "PullError", "PullTimeout", "SwarmError"]
+__all__ = [
+    "DaemonError",
+    "GossipError",
+    "MembershipError",
+    "PullError",
+    "PullNotFound",
+    "PullTimeout",
+    "PullUnreachable",
+    "SwarmError",
+]
 
 
 class SwarmError(DistroError):
@@ -41,6 +52,14 @@ class PullError(SwarmError):
 
 class PullTimeout(PullError):
     """A pull's deadline passed before any source delivered."""
+
+
+class PullNotFound(PullError):
+    """The source answered that it does not hold the content (now)."""
+
+
+class PullUnreachable(PullError):
+    """No stream to the source could be opened: it is gone, or refuses the protocol."""
 
 
 class MembershipError(SwarmError):

@@ -55,6 +55,12 @@ it heard nobody it asks them for a manifest they may have sealed (``manifest_ask
 knows nobody but itself while peers are in the topic, ``alone.AloneWatch`` asks them their step
 before the round is frozen: past it → ``FellBehind``; in step → wait for them; else go on alone.
 
+**A frame nobody holds.** A producer that dies with the leader that listed its frame, before
+any other replica pulled it, leaves a manifest no replica can fill. When every listed peer still
+reachable answers that it does not hold the frame (``pull.nobody_holds``; a timeout proves
+nothing), the round is applied without it — the same set on every replica that answered —
+rather than failed swarm-wide. One that got the frame after all diverges; the drift check heals.
+
 ``exchange_sync.SwarmExchange`` wraps this async core in the synchronous ``Exchange`` interface.
 """
 
@@ -95,6 +101,7 @@ from distronet.node.swarm.manifest_ask import (
 )
 from distronet.node.swarm.p2p import with_deadline
 from distronet.node.swarm.pubsub import Gossip, Subscription
+from distronet.node.swarm.pull import nobody_holds
 from distronet.node.swarm.stack import Swarm
 from distronet.protocol.announce import Announcement, open_announcement, seal_announcement
 from distronet.protocol.errors import RejectCode, Rejected
@@ -127,6 +134,7 @@ class AsyncSwarmExchange(ManifestAsks):
         self.skipped_for_budget = 0
         self.closed_early = 0  # rounds frozen before their deadline: complete
         self.followed = 0  # manifests we sealed with an earlier manifest's entries (we were late)
+        self.dead_frames = 0  # manifest frames held by no live peer, applied without
         self._subscribed: set[bytes] = set()  # peers in our announcement topic (refreshed each second)
         self._inflight_bytes = 0  # announced frames being pulled, reserved against the download budget
         self.round_deadline_s = config.round_deadline_s  # settable; open rounds see a change at once
@@ -517,7 +525,7 @@ class AsyncSwarmExchange(ManifestAsks):
             task.cancel()
         listed = [p for p, _, _ in manifest.entries]
 
-        async def one(peer: bytes, sha: bytes, size: int) -> bytes:
+        async def one(peer: bytes, sha: bytes, size: int) -> bytes | None:
             have = state.frames.get(peer)
             if have is not None and have[0] == sha:
                 return have[1]
@@ -528,10 +536,19 @@ class AsyncSwarmExchange(ManifestAsks):
                 return cached
             first = [peer, manifest.leader, *([also] if also else [])]
             sources = list(dict.fromkeys([*first, *listed]))
-            frame = await self.swarm.puller.pull(
-                sha, [peer_id(p) for p in sources], max_bytes=size, size=size,
-                timeout=self.config.pull_timeout_s, step=step,
-            )  # fmt: skip
+            try:
+                frame = await self.swarm.puller.pull(
+                    sha, [peer_id(p) for p in sources], max_bytes=size, size=size,
+                    timeout=self.config.pull_timeout_s, step=step,
+                )  # fmt: skip
+            except PullError as e:  # a dead frame (module doc, "A frame nobody holds")
+                origins = [peer_id_to_b58(p) for p in {peer, manifest.leader} - {self.peer_id}]
+                if not nobody_holds(e, origins):
+                    raise
+                log.warning("round %d: the frame of %s is held by no live peer: applied without it (%s)",
+                            step, peer_id_to_b58(peer)[-6:], e)  # fmt: skip
+                self.dead_frames += 1
+                return None
             self._stats.count_down(len(frame))
             return frame
 
@@ -543,7 +560,7 @@ class AsyncSwarmExchange(ManifestAsks):
         finally:
             for fetching in tasks:
                 fetching.cancel()
-        return Round(step, dict(zip(listed, got, strict=True)))
+        return Round(step, {p: f for p, f in zip(listed, got, strict=True) if f is not None})
 
     async def close(self) -> None:
         """Stop listening; later calls raise PeerDead. Does not close the swarm itself."""

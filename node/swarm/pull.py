@@ -36,11 +36,18 @@ from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
 from distronet.node.budget import Bandwidth
 from distronet.node.swarm.control import open_stream, write_stream
-from distronet.node.swarm.errors import PullError, PullTimeout
+from distronet.node.swarm.errors import PullError, PullNotFound, PullTimeout, PullUnreachable
 from distronet.node.swarm.p2p import SwarmHost, with_deadline
 from distronet.protocol.errors import RejectCode, Rejected
 
-__all__ = ["PULL_PROTOCOL", "ContentStore", "Puller", "encode_request", "encode_response_header"]
+__all__ = [
+    "PULL_PROTOCOL",
+    "ContentStore",
+    "Puller",
+    "encode_request",
+    "encode_response_header",
+    "nobody_holds",
+]
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +250,8 @@ class Puller:
         Raises:
             Rejected: TOO_LARGE (declared size over ``max_bytes``), MALFORMED (size differs from the
                 announced ``size``, bad status, or sha256 mismatch), TRUNCATED (stream ended early).
-            PullError: the peer does not have it, or the stream could not be opened.
+            PullNotFound: the peer does not have it. PullUnreachable: no stream to it could be
+                opened. PullError: the stream failed mid-request.
             PullTimeout: ``timeout`` passed.
         """
         have = self.store.get(digest)
@@ -270,7 +278,7 @@ class Puller:
             control = self.host.control_path
             stream = await open_stream(control, peer, self.protocol, self.host.config.call_timeout_s)
         except Exception as e:
-            raise PullError(f"cannot open a pull stream to {who}: {e}") from e
+            raise PullUnreachable(f"cannot open a pull stream to {who}: {e}") from e
         self.streams_opened += 1
         return await self._ask(peer, who, stream, digest, max_bytes, size, reused=False)
 
@@ -323,7 +331,7 @@ class Puller:
             self.bandwidth.received(len(head))
             status, declared = head[0], int.from_bytes(head[1:], "big")
             if status == _NOT_FOUND:
-                raise PullError(f"{who} does not have {digest.hex()[:16]}")
+                raise PullNotFound(f"{who} does not have {digest.hex()[:16]}")
             if status == _TOO_LARGE or declared > max_bytes:
                 raise Rejected(
                     RejectCode.TOO_LARGE, f"payload of {declared} > {max_bytes} bytes", peer_id=who
@@ -401,3 +409,21 @@ class Puller:
         if time.monotonic() >= deadline:
             raise PullTimeout(f"{what} ran past {timeout:.2f} s", causes)
         raise PullError(f"{what} failed", causes)
+
+
+def nobody_holds(err: PullError, origins: Sequence[str]) -> bool:
+    """Whether a failed :meth:`Puller.pull` shows that no live source holds the content: every
+    peer in ``origins`` (base58; where the content came from — a frame's producer and the leader
+    that listed it) could not be reached, every other source answered that it does not hold it,
+    and at least one did. A timeout, bad bytes or a broken stream say nothing of the kind."""
+    causes = err.causes
+    if isinstance(err, PullTimeout) or not causes:
+        return False
+    if any(not isinstance(causes.get(o), PullUnreachable) for o in origins):
+        return False
+    rest = [e for who, e in causes.items() if who not in origins]
+    return (
+        bool(rest)
+        and all(isinstance(e, PullNotFound | PullUnreachable) for e in rest)
+        and any(isinstance(e, PullNotFound) for e in rest)
+    )

@@ -1,0 +1,42 @@
+"""``pull.nobody_holds``: when a failed pull proves that no live peer holds a frame (its producer
+and the leader that listed it are gone, every other source said "not here"), and when it does not.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from distronet.node.swarm.errors import PullError, PullNotFound, PullTimeout, PullUnreachable
+from distronet.node.swarm.pull import nobody_holds
+
+GONE = PullUnreachable("cannot open a pull stream")
+NOT_HERE = PullNotFound("does not have it")
+
+
+def _err(kind: type[PullError] = PullError, **causes: BaseException) -> PullError:
+    return kind("pull failed", causes)
+
+
+def test_gone_origins_and_peers_without_it_prove_nobody_holds_it() -> None:
+    assert nobody_holds(_err(producer=GONE, leader=GONE, b=NOT_HERE, c=NOT_HERE), ["producer", "leader"])
+    assert nobody_holds(_err(producer=GONE, b=NOT_HERE, c=GONE), ["producer"])  # we led: our view
+
+
+@pytest.mark.parametrize(
+    "causes",
+    [
+        {"producer": NOT_HERE, "leader": GONE, "b": NOT_HERE},  # the producer is alive: it may resend
+        {"producer": GONE, "leader": PullError("stream broke"), "b": NOT_HERE},  # the leader may have it
+        {"producer": GONE, "leader": GONE},  # nobody answered at all: we may be the one cut off
+        {"producer": GONE, "leader": GONE, "b": GONE},
+        {"producer": GONE, "leader": GONE, "b": NOT_HERE, "c": PullTimeout("slow")},  # c may hold it
+        {"producer": GONE, "b": NOT_HERE},  # the leader was not asked
+    ],
+)
+def test_anything_short_of_proof_keeps_the_round_failing(causes: dict[str, BaseException]) -> None:
+    assert not nobody_holds(_err(**causes), ["producer", "leader"])
+
+
+def test_a_timed_out_pull_proves_nothing() -> None:
+    assert not nobody_holds(_err(PullTimeout, producer=GONE, leader=GONE, b=NOT_HERE), ["producer", "leader"])
+    assert not nobody_holds(_err(), [])

@@ -1,0 +1,57 @@
+"""Per-thread CPU of one node of a 4-node loopback swarm, per step (lead, session 10).
+
+Starts a coordinator and 4 real nodes on loopback (``demo.LocalSwarm``) training the default GPT
+with ``bench network``'s batch (8 x 64), waits until all are
+past step 5, then reads node 0's threads (``/proc/<pid>/task/*/schedstat``) and its p2pd's CPU
+over ``SECONDS`` and prints ms of CPU per step of each. The environment is passed to the nodes
+(and so to their p2pd), so run it alternating a setting, e.g. p2pd's garbage collector:
+
+    for i in 1 2; do for g in 100 400; do
+      GOGC=$g .venv/bin/python docs/scripts/swarm_cpu_ab.py /tmp/swarm-ab 15; done; done
+"""
+
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from distronet.node.demo import LocalSwarm, write_run
+
+
+def cpu(pid: int) -> tuple[dict[str, float], float]:
+    """(CPU seconds of each thread of ``pid`` by thread id, CPU seconds of its children)."""
+    threads = {t: int(Path(f"/proc/{pid}/task/{t}/schedstat").read_text().split()[0]) / 1e9
+               for t in os.listdir(f"/proc/{pid}/task")}  # fmt: skip
+    kids = 0.0
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                st = Path(f"/proc/{p}/stat").read_text()
+            except OSError:
+                continue
+            rest = st[st.rindex(")") + 2 :].split()
+            if rest[1] == str(pid):
+                kids += (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+    return threads, kids
+
+
+folder, seconds = Path(sys.argv[1]), float(sys.argv[2])
+shutil.rmtree(folder, ignore_errors=True)
+folder.mkdir(parents=True)
+run = write_run(folder, "cpuab", shards=20, model={"arch": "gpt", "seed": 0, "batch": 8, "seq_len": 64})
+with LocalSwarm(folder, run, "cpuab") as swarm:
+    swarm.start_coordinator()
+    for _ in range(4):
+        swarm.start_node("--up", "4mbit", "--down", "20mbit", min_peers=4)
+    swarm.wait_steps([0, 1, 2, 3], 5, timeout=240.0)
+    pid = swarm.nodes[0].pid
+    s0, (t0, k0) = swarm.status(0)["step"], cpu(pid)
+    time.sleep(seconds)
+    s1, (t1, k1) = swarm.status(0)["step"], cpu(pid)
+    steps = s1 - s0
+    busy = sorted(((t1[t] - t0.get(t, 0.0)) * 1e3 / steps for t in t1), reverse=True)
+    p2pd = (k1 - k0) * 1e3 / steps
+    print(f"GOGC={os.environ.get('GOGC', '-')} steps {steps} ({steps / seconds:.2f}/s); ms CPU a step: "
+          f"training thread {busy[0]:.1f}, event loop {busy[1]:.1f}, p2pd {p2pd:.1f}")  # fmt: skip
+    swarm.stop_all()

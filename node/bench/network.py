@@ -30,6 +30,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -60,6 +61,14 @@ def _warm_compiled_decoder() -> None:
         subprocess.run([sys.executable, "-c", code], timeout=300, check=False, capture_output=True)
 
 
+def _fresh(folder: Path) -> Path:
+    """``folder``, emptied: nodes started in a folder of an earlier run would resume from its
+    checkpoints (their steps jump, and nothing is timed)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
+
+
 def _measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     from distronet.node.bench.netns import LinkShape, missing_requirements
     from distronet.node.bench.network_run import compute_only, join_to_first_accept, median, shaped_swarm
@@ -80,7 +89,7 @@ def _measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         runs = []
         for r in range(args.repeats):  # compute, swarm, compute, swarm, ..., compute
             runs.append(shaped_swarm(
-                tmp / ("shaped" if r == 0 else f"shaped{r}"), n=args.nodes,
+                _fresh(tmp / ("shaped" if r == 0 else f"shaped{r}")), n=args.nodes,
                 link=LinkShape(args.link_up, args.link_down, args.delay_ms), up=args.up, down=args.down,
                 model=model, optimizer=optimizer, exchange=exchange, warmup=args.warmup, steps=args.steps,
             ))  # fmt: skip
@@ -118,10 +127,10 @@ def _measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     if args.skip_join:
         out["join_to_first_accept_s"] = None
     else:
-        (tmp / "join").mkdir(exist_ok=True)
         joined = join_to_first_accept(
-            tmp / "join", model=model, peers=max(1, args.nodes - 1), round_deadline_s=args.join_deadline_s
-        )
+            _fresh(tmp / "join"), model=model, peers=max(1, args.nodes - 1),
+            round_deadline_s=args.join_deadline_s,
+        )  # fmt: skip
         out.update(join_to_first_accept_s=joined.seconds, join_first_accepted_step=joined.first_step)
     return out
 
@@ -281,7 +290,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--skip-shaped", action="store_true", help="only the join measurement")
     p.add_argument(
-        "--work-dir", default=None, help="keep logs and status files here (default: a temp dir, removed)"
+        "--work-dir",
+        default=None,
+        help="keep logs and status files here; its shaped*, join folders are emptied first "
+        "(default: a temp dir, removed)",
     )
     p.add_argument("--skip-join", action="store_true", help="only the shaped-link measurements")
     p.set_defaults(func=run)

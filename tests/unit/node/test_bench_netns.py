@@ -6,6 +6,7 @@ import argparse
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -178,3 +179,13 @@ def test_bench_network_table_shows_each_swarm_run() -> None:
     row = network._list([[3.1, 3.2], [2.9, float("nan")]], ".1f")
     assert row == "3.1, 3.2 | 2.9, -"
     assert network._list([0.81, None], ".2f") == "0.81, -" and network._list([], "d") == "-"
+
+
+def test_bench_network_empties_a_measurements_folder_before_reuse(tmp_path: Path) -> None:
+    # a node started where an earlier run left its checkpoint resumes from it: nothing is timed
+    stale = tmp_path / "shaped" / "node0" / "checkpoint.pt"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"step 35")
+    assert network._fresh(tmp_path / "shaped") == tmp_path / "shaped"
+    assert (tmp_path / "shaped").is_dir() and not any((tmp_path / "shaped").iterdir())
+    assert network._fresh(tmp_path / "join").is_dir()  # a new folder is made

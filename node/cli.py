@@ -17,9 +17,6 @@ from distronet.node.exitcodes import ExitCode
 __all__ = ["GOGC", "GOMP_SPINCOUNT", "build_parser", "main"]
 
 GOMP_SPINCOUNT = "20000"
-# p2pd (Go, started by the node, inherits our environment) collects its small heap a quarter as
-# often: ~1 ms less CPU a step for a 4-node swarm, RSS +2 MB (docs/benchmarks.md, session 10)
-GOGC = "400"
 """How long torch's OpenMP workers (GNU libgomp in the pip wheels) spin after a parallel region
 before they sleep. libgomp's default (300,000 spins, several ms) keeps the second core busy
 after every inverse DCT and matmul, starving the threads that open frames, the event loop and
@@ -27,6 +24,11 @@ p2pd; 20,000 hands the core back within ~0.1 ms while still catching back-to-bac
 Side by side (docs/benchmarks.md, session 6): GPT k=32 decode 16/1 2.0-2.4 instead of
 2.2-2.9 and the one-packet decode 3.4-3.9 ms instead of 4.7-5.2 ms; a training step unchanged
 within noise. Set before torch loads (libgomp reads it once); a value in the environment wins."""
+
+GOGC = "400"
+"""Go's garbage-collector target for p2pd (started by the node, it inherits our environment):
+its small heap is collected a quarter as often as with Go's default (100), ~1 ms less CPU a step
+in a 4-node swarm (docs/benchmarks.md, session 10). A value in the environment wins."""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,48 +10,80 @@ over ``SECONDS`` and prints ms of CPU per step of each. The environment is passe
       GOGC=$g .venv/bin/python docs/scripts/swarm_cpu_ab.py /tmp/swarm-ab 15; done; done
 """
 
+import contextlib
 import os
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from distronet.node.demo import LocalSwarm, write_run
 
+BENCH_MODEL = {"arch": "gpt", "seed": 0, "batch": 8, "seq_len": 64}  # bench network's default GPT
 
-def cpu(pid: int) -> tuple[dict[str, float], float]:
-    """(CPU seconds of each thread of ``pid`` by thread id, CPU seconds of its children)."""
-    threads = {t: int(Path(f"/proc/{pid}/task/{t}/schedstat").read_text().split()[0]) / 1e9
-               for t in os.listdir(f"/proc/{pid}/task")}  # fmt: skip
-    kids = 0.0
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (a node's p2pd)."""
+    out = []
     for p in os.listdir("/proc"):
         if p.isdigit():
             try:
                 st = Path(f"/proc/{p}/stat").read_text()
             except OSError:
                 continue
-            rest = st[st.rindex(")") + 2 :].split()
-            if rest[1] == str(pid):
-                kids += (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
-    return threads, kids
+            if st[st.rindex(")") + 2 :].split()[1] == str(pid):
+                out.append(int(p))
+    return out
 
 
-folder, seconds = Path(sys.argv[1]), float(sys.argv[2])
-shutil.rmtree(folder, ignore_errors=True)
-folder.mkdir(parents=True)
-run = write_run(folder, "cpuab", shards=20, model={"arch": "gpt", "seed": 0, "batch": 8, "seq_len": 64})
-with LocalSwarm(folder, run, "cpuab") as swarm:
-    swarm.start_coordinator()
-    for _ in range(4):
-        swarm.start_node("--up", "4mbit", "--down", "20mbit", min_peers=4)
-    swarm.wait_steps([0, 1, 2, 3], 5, timeout=240.0)
-    pid = swarm.nodes[0].pid
-    s0, (t0, k0) = swarm.status(0)["step"], cpu(pid)
-    time.sleep(seconds)
-    s1, (t1, k1) = swarm.status(0)["step"], cpu(pid)
-    steps = s1 - s0
-    busy = sorted(((t1[t] - t0.get(t, 0.0)) * 1e3 / steps for t in t1), reverse=True)
-    p2pd = (k1 - k0) * 1e3 / steps
-    print(f"GOGC={os.environ.get('GOGC', '-')} steps {steps} ({steps / seconds:.2f}/s); ms CPU a step: "
-          f"training thread {busy[0]:.1f}, event loop {busy[1]:.1f}, p2pd {p2pd:.1f}")  # fmt: skip
-    swarm.stop_all()
+def thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds of each thread of ``pid``, by thread id (``schedstat``: nanoseconds)."""
+    return {int(t): int(Path(f"/proc/{pid}/task/{t}/schedstat").read_text().split()[0]) / 1e9
+            for t in os.listdir(f"/proc/{pid}/task")}  # fmt: skip
+
+
+@contextlib.contextmanager
+def loopback_swarm(folder: Path, run_id: str) -> Iterator[LocalSwarm]:
+    """A coordinator and 4 nodes on loopback in an emptied ``folder``, training ``BENCH_MODEL``
+    within bench network's budgets, all past step 5; stopped on exit."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    run = write_run(folder, run_id, shards=20, model=BENCH_MODEL)
+    with LocalSwarm(folder, run, run_id) as swarm:
+        swarm.start_coordinator()
+        for _ in range(4):
+            swarm.start_node("--up", "4mbit", "--down", "20mbit", min_peers=4)
+        swarm.wait_steps([0, 1, 2, 3], 5, timeout=240.0)
+        yield swarm
+        swarm.stop_all()
+
+
+def cpu(pid: int) -> tuple[dict[int, float], float]:
+    """(CPU seconds of each thread of ``pid`` by thread id, CPU seconds of its children)."""
+    kids = 0.0
+    for k in children(pid):
+        try:
+            rest = Path(f"/proc/{k}/stat").read_text()
+        except OSError:
+            continue
+        fields = rest[rest.rindex(")") + 2 :].split()
+        kids += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return thread_cpu(pid), kids
+
+
+def main(folder: Path, seconds: float) -> None:
+    with loopback_swarm(folder, "cpuab") as swarm:
+        pid = swarm.nodes[0].pid
+        s0, (t0, k0) = swarm.status(0)["step"], cpu(pid)
+        time.sleep(seconds)
+        s1, (t1, k1) = swarm.status(0)["step"], cpu(pid)
+        steps = s1 - s0
+        busy = sorted(((t1[t] - t0.get(t, 0.0)) * 1e3 / steps for t in t1), reverse=True)
+        p2pd = (k1 - k0) * 1e3 / steps
+        print(f"GOGC={os.environ.get('GOGC', '-')} steps {steps} ({steps / seconds:.2f}/s); ms CPU a step: "
+              f"training thread {busy[0]:.1f}, event loop {busy[1]:.1f}, p2pd {p2pd:.1f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), float(sys.argv[2]))

@@ -10,57 +10,28 @@ of CPU a step of the training thread (the busiest thread), the event loop and p2
 """
 
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
-from distronet.node.demo import LocalSwarm, write_run
-
-
-def threads(pid: int) -> list[int]:
-    return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-
-
-def kids(pid: int) -> list[int]:
-    out = []
-    for p in os.listdir("/proc"):
-        if p.isdigit():
-            try:
-                st = Path(f"/proc/{p}/stat").read_text()
-            except OSError:
-                continue
-            if st[st.rindex(")") + 2 :].split()[1] == str(pid):
-                out.append(int(p))
-    return out
-
-
-def run_s(pid: int, tid: int) -> float:
-    return int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0]) / 1e9
+from swarm_cpu_ab import children, loopback_swarm, thread_cpu  # docs/scripts, beside this file
 
 
 def snapshot(pid: int) -> tuple[dict[int, float], float]:
     """CPU seconds of each thread of ``pid``, and of all threads of its children (p2pd)."""
-    return {t: run_s(pid, t) for t in threads(pid)}, sum(run_s(k, t) for k in kids(pid) for t in threads(k))
+    return thread_cpu(pid), sum(sum(thread_cpu(k).values()) for k in children(pid))
 
 
 def set_policy(pid: int, batch: bool) -> None:
     policy = os.SCHED_BATCH if batch else os.SCHED_OTHER
     os.sched_setscheduler(pid, policy, os.sched_param(0))  # the main thread: the event loop
-    for k in kids(pid):
-        for t in threads(k):
+    for k in children(pid):
+        for t in thread_cpu(k):
             os.sched_setscheduler(t, policy, os.sched_param(0))
 
 
 folder, seconds = Path(sys.argv[1]), float(sys.argv[2])
-shutil.rmtree(folder, ignore_errors=True)
-folder.mkdir(parents=True)
-run = write_run(folder, "batchab", shards=20, model={"arch": "gpt", "seed": 0, "batch": 8, "seq_len": 64})
-with LocalSwarm(folder, run, "batchab") as swarm:
-    swarm.start_coordinator()
-    for _ in range(4):
-        swarm.start_node("--up", "4mbit", "--down", "20mbit", min_peers=4)
-    swarm.wait_steps([0, 1, 2, 3], 5, timeout=240.0)
+with loopback_swarm(folder, "batchab") as swarm:
     pids = [n.pid for n in swarm.nodes]
     for _ in range(3):
         for batch in (False, True):
@@ -80,4 +51,3 @@ with LocalSwarm(folder, run, "batchab") as swarm:
             rate = sum(s1[i] - s0[i] for i in range(4)) / 4 / (t1 - t0)
             print(f"batch={batch!s:5} rate {rate:.3f}/s  ms a step: training {sum(train) / 4:.1f} "
                   f"loop {sum(loop) / 4:.1f} p2pd {sum(p2pd) / 4:.1f}", flush=True)  # fmt: skip
-    swarm.stop_all()

@@ -520,7 +520,8 @@ class AsyncSwarmExchange(ManifestAsks):
 
     async def _fill(self, step: int, state: RoundState, manifest: RoundManifest, also: bytes = b"") -> Round:
         """The manifest's frames: held ones as they are, the rest pulled concurrently by hash
-        (from the producer, the leader, ``also``, then the other listed peers)."""
+        (from the producer, the leader, ``also``, then the other listed peers); a frame nobody
+        holds (module doc) is left out."""
         for task in state.pulls.values():  # announced pulls are past their deadline by now
             task.cancel()
         listed = [p for p, _, _ in manifest.entries]

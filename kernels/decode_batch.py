@@ -189,8 +189,16 @@ def _invert(plan: BatchPlan, buf: torch.Tensor) -> list[torch.Tensor]:
     dt, dev = buf.dtype, buf.device
     for g in plan.groups:
         region = buf[g.start : g.start + g.n_chunks * int(np.prod(g.block))]
-        if len(g.block) == 1:
-            x = region.view(g.n_chunks, g.block[0]) @ dct_basis(g.block[0], dt, dev)
+        if len(g.block) == 1:  # member by member: a product of few rows (a bias's 2) may take
+            # another BLAS kernel than the same rows inside a taller one (AVX-512 MKL: last bits
+            # differ), and each member must match ``decode_sum``'s own product bit for bit
+            basis, rows = dct_basis(g.block[0], dt, dev), region.view(g.n_chunks, g.block[0])
+            x = torch.empty_like(rows)
+            row = 0
+            for t in g.members:
+                n = plan.layouts[t].n_chunks
+                torch.mm(rows[row : row + n], basis, out=x[row : row + n])
+                row += n
         else:  # both products into scratch: each member's result is its own copy (below)
             br, bc = g.block
             z = scratch(0, (g.n_chunks * br, bc), dt, dev)

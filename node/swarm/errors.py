@@ -9,6 +9,7 @@ DistroError
     ├── PullError           no source delivered the content
     │   ├── PullTimeout     the pull's deadline passed
     │   ├── PullNotFound    the source answered that it does not hold it
+    │   ├── PullPruned      the source answered that it held it and dropped it (retention)
     │   └── PullUnreachable no stream to the source could be opened
     └── MembershipError     the DHT could not be joined or a record not stored
 """
@@ -23,6 +24,7 @@ __all__ = [
     "MembershipError",
     "PullError",
     "PullNotFound",
+    "PullPruned",
     "PullTimeout",
     "PullUnreachable",
     "SwarmError",
@@ -56,6 +58,11 @@ class PullTimeout(PullError):
 
 class PullNotFound(PullError):
     """The source answered that it does not hold the content (now)."""
+
+
+class PullPruned(PullError):
+    """The source answered that it held the content and has dropped it (past its retention): the
+    content existed, so this is no "not here" (``pull.nobody_holds``)."""
 
 
 class PullUnreachable(PullError):

@@ -3,7 +3,12 @@
 Wire (protocol ``/distronet/pull/1``), requests one after another on a stream::
 
     request   b"DNP1" | sha256 (32 bytes) | max_bytes (u64 BE)
-    response  status (u8: 0 OK, 1 NOT_FOUND, 2 TOO_LARGE) | size (u64 BE) | size bytes (OK only)
+    response  status (u8: 0 OK, 1 NOT_FOUND, 2 TOO_LARGE, 3 PRUNED) | size (u64 BE) | size bytes (OK only)
+
+``NOT_FOUND``: the server never held the content (as far as it remembers); ``PRUNED``: it held it
+and dropped it (older than its retention; it remembers the last ``ContentStore.max_gone`` such
+hashes). A puller tells them apart (``PullNotFound``, ``PullPruned``): "nobody holds this frame"
+(:func:`nobody_holds`) may be concluded from the first, never from the second.
 
 The server answers requests on one stream until the puller closes it (or it stays idle for
 ``idle_timeout_s``). A puller built with ``reuse_streams`` keeps a stream to each peer open after
@@ -36,7 +41,7 @@ from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
 from distronet.node.budget import Bandwidth
 from distronet.node.swarm.control import open_stream, write_stream
-from distronet.node.swarm.errors import PullError, PullNotFound, PullTimeout, PullUnreachable
+from distronet.node.swarm.errors import PullError, PullNotFound, PullPruned, PullTimeout, PullUnreachable
 from distronet.node.swarm.p2p import SwarmHost, with_deadline
 from distronet.protocol.errors import RejectCode, Rejected
 
@@ -54,7 +59,7 @@ log = logging.getLogger(__name__)
 PULL_PROTOCOL = "/distronet/pull/1"
 _MAGIC = b"DNP1"
 _REQUEST_LEN = 4 + 32 + 8
-_OK, _NOT_FOUND, _TOO_LARGE = 0, 1, 2
+_OK, _NOT_FOUND, _TOO_LARGE, _PRUNED = 0, 1, 2, 3
 _CHUNK = 64 * 1024
 _MAX_IDLE_PER_PEER = 4
 _REUSE_FOR_S = 20.0  # an idle stream older than this is closed, not reused (servers time out at 60 s)
@@ -85,12 +90,14 @@ class ContentStore:
     """In-memory payloads by sha256, tagged with a step; bounded by ``max_total_bytes``.
 
     When full, whole oldest steps are evicted first. ``evict_before(step)`` drops everything
-    older than ``step`` (call it as the window of useful steps moves).
+    older than ``step`` (call it as the window of useful steps moves). The hashes of the last
+    ``max_gone`` evicted payloads are remembered (``pruned``: 32 bytes each).
     """
 
-    def __init__(self, max_total_bytes: int = 512 * 1024**2) -> None:
-        self.max_total_bytes = max_total_bytes
+    def __init__(self, max_total_bytes: int = 512 * 1024**2, max_gone: int = 4096) -> None:
+        self.max_total_bytes, self.max_gone = max_total_bytes, max_gone
         self._items: OrderedDict[bytes, tuple[int, bytes]] = OrderedDict()
+        self._gone: OrderedDict[bytes, None] = OrderedDict()
         self.total_bytes = 0
 
     def put(self, data: bytes, step: int, *, digest: bytes | None = None) -> bytes:
@@ -105,12 +112,17 @@ class ContentStore:
             oldest = min(s for s, _ in self._items.values())
             self.evict_before(oldest + 1)
         self._items[digest] = (step, data)
+        self._gone.pop(digest, None)
         self.total_bytes += len(data)
         return digest
 
     def get(self, digest: bytes) -> bytes | None:
         item = self._items.get(digest)
         return None if item is None else item[1]
+
+    def pruned(self, digest: bytes) -> bool:
+        """Whether this store held ``digest`` and evicted it (among the last ``max_gone``)."""
+        return digest in self._gone
 
     def __contains__(self, digest: object) -> bool:
         return digest in self._items
@@ -123,6 +135,9 @@ class ContentStore:
         old = [d for d, (s, _) in self._items.items() if s < step]
         for d in old:
             self.total_bytes -= len(self._items.pop(d)[1])
+            self._gone[d] = None
+        while len(self._gone) > self.max_gone:
+            self._gone.popitem(last=False)
         return len(old)
 
 
@@ -218,7 +233,8 @@ class Puller:
         digest, max_bytes = req[4:36], int.from_bytes(req[36:], "big")
         data = self.store.get(digest)
         if data is None:
-            write_stream(writer, encode_response_header(_NOT_FOUND, 0))
+            status = _PRUNED if self.store.pruned(digest) else _NOT_FOUND
+            write_stream(writer, encode_response_header(status, 0))
         elif len(data) > max_bytes:
             write_stream(writer, encode_response_header(_TOO_LARGE, len(data)))
         else:
@@ -250,7 +266,8 @@ class Puller:
         Raises:
             Rejected: TOO_LARGE (declared size over ``max_bytes``), MALFORMED (size differs from the
                 announced ``size``, bad status, or sha256 mismatch), TRUNCATED (stream ended early).
-            PullNotFound: the peer does not have it. PullUnreachable: no stream to it could be
+            PullNotFound: the peer does not have it. PullPruned: it had it and dropped it.
+            PullUnreachable: no stream to it could be
                 opened. PullError: the stream failed mid-request.
             PullTimeout: ``timeout`` passed.
         """
@@ -332,6 +349,8 @@ class Puller:
             status, declared = head[0], int.from_bytes(head[1:], "big")
             if status == _NOT_FOUND:
                 raise PullNotFound(f"{who} does not have {digest.hex()[:16]}")
+            if status == _PRUNED:
+                raise PullPruned(f"{who} no longer has {digest.hex()[:16]} (pruned)")
             if status == _TOO_LARGE or declared > max_bytes:
                 raise Rejected(
                     RejectCode.TOO_LARGE, f"payload of {declared} > {max_bytes} bytes", peer_id=who
@@ -415,7 +434,8 @@ def nobody_holds(err: PullError, origins: Sequence[str]) -> bool:
     """Whether a failed :meth:`Puller.pull` shows that no live source holds the content: every
     peer in ``origins`` (base58; where the content came from — a frame's producer and the leader
     that listed it) could not be reached, every other source answered that it does not hold it,
-    and at least one did. A timeout, bad bytes or a broken stream say nothing of the kind."""
+    and at least one did. A timeout, bad bytes or a broken stream say nothing of the kind, and a
+    source that pruned it (``PullPruned``) proves it was held: the swarm applied it."""
     causes = err.causes
     if isinstance(err, PullTimeout) or not causes:
         return False

@@ -22,10 +22,10 @@ import pytest_asyncio
 from p2p_trio import eventually
 
 from distronet.node.budget import EXACT, Bandwidth
-from distronet.node.swarm.errors import DaemonError, GossipError, PullError
+from distronet.node.swarm.errors import DaemonError, GossipError, PullError, PullNotFound, PullPruned
 from distronet.node.swarm.membership import MembershipConfig
 from distronet.node.swarm.p2p import SwarmConfig, SwarmHost
-from distronet.node.swarm.pull import Puller, _Stale, encode_response_header
+from distronet.node.swarm.pull import Puller, _Stale, encode_response_header, nobody_holds
 from distronet.node.swarm.stack import Swarm
 from distronet.protocol.errors import ConfigError, RejectCode, Rejected
 from distronet.protocol.identity import Identity
@@ -230,6 +230,23 @@ async def test_missing_and_oversize_payloads_get_typed_errors(nodes: list[Swarm]
         )
     assert a.host.peer_id_b58 in missing.value.causes
     assert digest not in b.puller.store
+
+
+async def test_a_pruned_payload_is_told_apart_from_one_never_held(nodes: list[Swarm]) -> None:
+    """A frame past the server's retention gets PRUNED, one it never had NOT_FOUND: only the
+    second may count towards "nobody holds this frame" (``pull.nobody_holds``)."""
+    a, b, _ = nodes
+    old = a.puller.store.put(os.urandom(5_000), step=3)
+    assert a.puller.store.evict_before(4) >= 1 and a.puller.store.pruned(old)
+    with pytest.raises(PullPruned, match="pruned"):
+        await b.puller.fetch(a.host.peer_id, old, max_bytes=2**20, timeout=10.0)
+    never = hashlib.sha256(b"never stored anywhere").digest()
+    with pytest.raises(PullNotFound):
+        await b.puller.fetch(a.host.peer_id, never, max_bytes=2**20, timeout=10.0)
+    with pytest.raises(PullError) as err:
+        await b.puller.pull(old, [a.host.peer_id], max_bytes=2**20, timeout=10.0)
+    assert isinstance(err.value.causes[a.host.peer_id_b58], PullPruned)
+    assert not nobody_holds(err.value, [])
 
 
 EVIL = "/distronet/pull-evil/1"

@@ -38,14 +38,11 @@ import enum
 import logging
 import math
 import time
-import traceback
 from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from distronet.node import node_parts as parts
-from distronet.node.backends import pick_backend
 from distronet.node.batch_share import SharedFeed
-from distronet.node.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from distronet.node.config import NodeConfig
 from distronet.node.coordinator_client import (
     CoordinatorClient,
@@ -55,7 +52,7 @@ from distronet.node.coordinator_client import (
 )
 from distronet.node.exitcodes import ExitCode
 from distronet.node.metrics import NodeMetrics
-from distronet.node.optim.distro import DistroOptimizer
+from distronet.node.model_spec import ModelSpec
 from distronet.node.replay import replay_node
 from distronet.node.shard_supply import DOWNLOAD_S, ShardSupply
 from distronet.node.status import NodeStatus, StatusFile
@@ -65,12 +62,13 @@ from distronet.node.swarm.exchange import AsyncSwarmExchange, manifest_topic
 from distronet.node.swarm.exchange_sync import SwarmExchange
 from distronet.node.swarm.stack import Swarm
 from distronet.node.swarm.statesync import NoNewerState, StateDonor, fetch_state
-from distronet.node.sync import load_state_blob, state_blob
-from distronet.node.trainer import BatchSource, ModelSpec, Trainer
 from distronet.protocol.errors import ConfigError, DistroError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch's modules load in a background thread while the node connects (_backend)
     from hivemind.p2p import PeerID
+
+    from distronet.node.backends import ComputeBackend
+    from distronet.node.trainer import BatchSource
 
 __all__ = ["Node", "NodeError", "NodeState", "NodeStateError"]
 
@@ -131,33 +129,6 @@ async def deadline(aw: Awaitable[T], seconds: float, what: str, code: ExitCode =
         raise NodeError(f"{what}: no answer within {seconds:.0f} s", code) from None
 
 
-def awaiting(task: asyncio.Future[Any]) -> str:
-    """The chain of coroutines ``task`` is suspended in, outermost first (a traceback's format):
-    where a task that does not finish is stuck."""
-    frames: list[traceback.FrameSummary] = []
-    aw: Any = task.get_coro() if isinstance(task, asyncio.Task) else None
-    while aw is not None and len(frames) < 40:
-        frame = getattr(aw, "cr_frame", None) or getattr(aw, "gi_frame", None)
-        if frame is not None:
-            code = frame.f_code
-            frames.append(traceback.FrameSummary(code.co_filename, frame.f_lineno, code.co_name))
-        aw = getattr(aw, "cr_await", None) or getattr(aw, "gi_yieldfrom", None)
-    return "".join(traceback.format_list(frames)) or f"{task!r}\n"
-
-
-class _DownloadProgress:
-    """Logs a long download's progress at every further 10 % (the owner sees it is moving)."""
-
-    def __init__(self, what: str) -> None:
-        self.what, self.shown = what, -1
-
-    def __call__(self, done: int, total: int) -> None:
-        tenth = 10 * done // max(total, 1)
-        if tenth > self.shown and total >= 4 * 2**20:
-            self.shown = tenth
-            log.info("%s download: %d%% of %.1f MB", self.what, 10 * tenth, total / 1e6)
-
-
 class Node:
     """One running node. Build with :meth:`create`; always :meth:`close` (idempotent)."""
 
@@ -211,10 +182,9 @@ class Node:
 
     async def _build(self) -> None:
         cfg, data = self.cfg, self.cfg.data_path
-        try:  # the compute backend first: a missing device fails before we touch the network
-            self.backend = pick_backend(cfg.train.device)
-        except ConfigError as e:
-            raise NodeError(str(e), ExitCode.USAGE) from e
+        backend = None
+        if cfg.train.device not in ("auto", "cpu"):  # one that may be absent fails before the network
+            backend = await self._backend()
         self.identity, key_path = parts.load_identity(data)
         self.client = CoordinatorClient(
             cfg.coordinator, cfg.run_id, self.identity, buffer_path=data / "reports.jsonl", timeout_s=CALL_S
@@ -255,7 +225,19 @@ class Node:
             raise NodeError(f"the libp2p daemon could not start or join: {e}", ExitCode.NETWORK) from e
         log.info("p2pd up, %d bootstrap address(es); building the model", len(boot))
         await self.client.heartbeat(0, multiaddrs=self.maddrs)
+        self.backend = backend or await self._backend()
         self._build_training(spec, dcfg)
+
+    async def _backend(self) -> ComputeBackend:
+        """The compute backend, once torch has loaded (``join`` starts that in a background thread,
+        ``node_parts.preload_torch``, so it overlaps the coordinator calls and p2pd's start)."""
+        await asyncio.to_thread(parts.wait_torch, 300.0)
+        from distronet.node.backends import pick_backend
+
+        try:
+            return pick_backend(self.cfg.train.device)
+        except ConfigError as e:
+            raise NodeError(str(e), ExitCode.USAGE) from e
 
     def _batches(self, spec: ModelSpec) -> BatchSource:
         """The trainer's batch source: the leased shard's ``batch`` windows a step, or — when the
@@ -272,7 +254,12 @@ class Node:
 
     def _build_training(self, spec: ModelSpec, dcfg: Any) -> None:
         cfg = self.cfg
-        import torch  # the heavy import, once the cheap checks have passed
+        import torch
+
+        from distronet.node.checkpoint import load_checkpoint
+        from distronet.node.optim.distro import DistroOptimizer
+        from distronet.node.sync import state_blob
+        from distronet.node.trainer import Trainer
 
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
@@ -350,7 +337,7 @@ class Node:
                         max(MIN_WIND_DOWN_S, self.cfg.shutdown_timeout_s - CLOSE_BUDGET_S),
                         self.stage,
                     )
-                    log.warning("shutdown: the run was here when abandoned:\n%s", awaiting(body))
+                    log.warning("shutdown: the run was here when abandoned:\n%s", parts.awaiting(body))
                     self.abandoned = True  # a worker thread may still be inside the step
                     body.cancel()
                     await asyncio.wait({body}, timeout=1.0)
@@ -475,7 +462,7 @@ class Node:
                 donors,
                 timeout=timeout,
                 per_donor=2,
-                progress=_DownloadProgress("state"),
+                progress=parts.DownloadProgress("state"),
                 newer_than=newer_than,
             )
         except NoNewerState:
@@ -486,6 +473,9 @@ class Node:
             return False
         if manifest.step <= newer_than:
             return False
+        from distronet.node.optim.distro import DistroOptimizer
+        from distronet.node.sync import load_state_blob
+
         model = self.trainer.model
         fresh = DistroOptimizer(model.named_parameters(), self.dcfg, self.exchange, self.identity)
         async with self.model_lock:  # no state snapshot of a half-loaded model
@@ -515,12 +505,16 @@ class Node:
         """``(step, state blob)`` of the next step boundary (now, if no step is running): what the
         donor serves on request. Copies params + replicated optimizer state once (~10 ms for the
         default model, in a worker thread); the next step waits for that copy."""
+        from distronet.node.sync import state_blob
+
         async with self.model_lock:
             step = self.step
             return step, await asyncio.to_thread(state_blob, step, self.trainer.model, self.optimizer)
 
     def checkpoint(self) -> None:
         """Save model + optimizer at ``self.step`` (the next step to run). Runs on the caller's thread."""
+        from distronet.node.checkpoint import Checkpoint, save_checkpoint
+
         model = self.trainer.model
         save_checkpoint(
             self.ckpt_path,

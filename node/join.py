@@ -175,9 +175,9 @@ def _main(args: argparse.Namespace) -> int:
         level=cfg.observe.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("hivemind").setLevel(logging.WARNING)
-    from distronet.node.node_parts import no_dynamo_for_optimizers, warm_decoder
+    from distronet.node.node_parts import preload_torch, warm_decoder
 
-    no_dynamo_for_optimizers()  # ~2 CPU-s less before the first step (a newcomer's start)
+    preload_torch()  # while the node connects; also keeps TorchDynamo out (~2 CPU-s less)
     warm_decoder()
     try:
         return _run(run_node(cfg))

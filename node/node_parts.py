@@ -11,10 +11,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import logging
 import threading
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +38,18 @@ from distronet.protocol.errors import ConfigError
 from distronet.protocol.identity import Identity
 
 __all__ = [
+    "DownloadProgress",
     "ShardFeed",
+    "awaiting",
     "exchange_config",
     "load_identity",
     "no_dynamo_for_optimizers",
     "optimizer_config",
     "peer_index",
+    "preload_torch",
     "start_swarm",
     "wait_decoder_warm",
+    "wait_torch",
     "warm_decoder",
 ]
 
@@ -157,6 +164,25 @@ def _warm_decoder() -> None:
         log.debug("payload decoder not warmed ahead: %s", e)
 
 
+def _in_background(name: str, target: Callable[[], None]) -> threading.Thread:
+    t = threading.Thread(target=target, name=name, daemon=True)
+    t.start()
+    _background[name] = t
+    return t
+
+
+def _wait_background(name: str, timeout: float) -> bool:
+    """Block until the thread ``name`` started by this process has finished (at most
+    ``timeout`` seconds); True when none runs any more."""
+    t = _background.get(name)
+    if t is not None:
+        t.join(timeout)
+    return t is None or not t.is_alive()
+
+
+_background: dict[str, threading.Thread] = {}
+
+
 def warm_decoder() -> threading.Thread:
     """Warm the payload decoder's compiled walk (``kernels.coding_fast.warm``: numba's import
     and its on-disk cache, ~1-2 CPU-s) in a daemon thread.
@@ -165,25 +191,38 @@ def warm_decoder() -> threading.Thread:
     network (the GIL is free then), instead of inside the first step's decode, so a newcomer
     is in step sooner. Returns the thread (tests join it).
     """
-    global _warming
-    t = threading.Thread(target=_warm_decoder, name="warm-decoder", daemon=True)
-    t.start()
-    _warming = t
-    return t
-
-
-_warming: threading.Thread | None = None
+    return _in_background("warm-decoder", _warm_decoder)
 
 
 def wait_decoder_warm(timeout: float) -> bool:
-    """Block until a :func:`warm_decoder` thread of this process has finished (at most
-    ``timeout`` seconds); True when none runs any more. Called before the first step, so that
-    the warm-up's CPU lands before training rather than inside the first steps (where the first
-    decode would wait on numba's compile lock anyway)."""
-    t = _warming
-    if t is not None:
-        t.join(timeout)
-    return t is None or not t.is_alive()
+    """Wait for :func:`warm_decoder`'s thread (at most ``timeout`` s); True when it is done.
+    Called before the first step, so that the warm-up's CPU lands before training rather than
+    inside the first steps (where the first decode would wait on numba's compile lock anyway)."""
+    return _wait_background("warm-decoder", timeout)
+
+
+def _preload_torch() -> None:
+    try:
+        import torch  # noqa: F401
+
+        no_dynamo_for_optimizers()
+    except Exception as e:  # the node's own import of torch then raises it where it is used
+        log.debug("torch not preloaded: %s", e)
+
+
+def preload_torch() -> threading.Thread:
+    """Import torch (~1-2 CPU-s, the largest part of a node's start) in a daemon thread.
+
+    Started by ``join`` before anything else, it runs while the node reads the run from the
+    coordinator, joins it and starts p2pd (the daemon module and everything it runs before
+    ``Node._backend`` import no torch), and applies :func:`no_dynamo_for_optimizers`."""
+    return _in_background("preload-torch", _preload_torch)
+
+
+def wait_torch(timeout: float) -> bool:
+    """Wait for :func:`preload_torch`'s thread (at most ``timeout`` s); True when it is done.
+    Called before the node builds its model."""
+    return _wait_background("preload-torch", timeout)
 
 
 def peer_index(peer_id: bytes) -> int:
@@ -225,3 +264,30 @@ class ShardFeed:
         if self._order is None:
             raise ConfigError("no shard leased yet")
         return draw_windows(self._order, max(0, step - self._start), n)
+
+
+def awaiting(task: asyncio.Future[Any]) -> str:
+    """The chain of coroutines ``task`` is suspended in, outermost first (a traceback's format):
+    where a task that does not finish is stuck."""
+    frames: list[traceback.FrameSummary] = []
+    aw: Any = task.get_coro() if isinstance(task, asyncio.Task) else None
+    while aw is not None and len(frames) < 40:
+        frame = getattr(aw, "cr_frame", None) or getattr(aw, "gi_frame", None)
+        if frame is not None:
+            code = frame.f_code
+            frames.append(traceback.FrameSummary(code.co_filename, frame.f_lineno, code.co_name))
+        aw = getattr(aw, "cr_await", None) or getattr(aw, "gi_yieldfrom", None)
+    return "".join(traceback.format_list(frames)) or f"{task!r}\n"
+
+
+class DownloadProgress:
+    """Logs a long download's progress at every further 10 % (the owner sees it is moving)."""
+
+    def __init__(self, what: str) -> None:
+        self.what, self.shown = what, -1
+
+    def __call__(self, done: int, total: int) -> None:
+        tenth = 10 * done // max(total, 1)
+        if tenth > self.shown and total >= 4 * 2**20:
+            self.shown = tenth
+            log.info("%s download: %d%% of %.1f MB", self.what, 10 * tenth, total / 1e6)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import numpy as np
 import torch
@@ -20,8 +19,8 @@ from blake3 import blake3
 from torch import nn
 
 from distronet.node.backends import ComputeBackend, TorchBackend, pick_backend
-from distronet.node.models.gpt import GPT, GPTConfig
-from distronet.protocol.errors import ConfigError
+from distronet.node.model_spec import ModelSpec
+from distronet.node.models.gpt import GPT
 
 __all__ = [
     "ModelSpec",
@@ -35,58 +34,6 @@ __all__ = [
 
 BatchSource = Callable[[int], tuple[np.ndarray, np.ndarray]]
 """``batches(step) -> (x, y)``, each ``(batch, seq_len)`` int64."""
-
-
-MAX_GLOBAL_BATCH = 65_536  # windows per step across the run; one lone node could be asked for all
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSpec:
-    """The run's model as the coordinator hands it out (``[model]`` of the run file).
-
-    ``arch`` must be ``"gpt"``; ``gpt`` are :class:`GPTConfig` fields; ``seed`` gives every
-    replica the same initial weights; ``batch`` × ``seq_len`` tokens per step and node.
-    ``global_batch`` (0: off) keeps the run's windows per step constant instead: each node
-    trains on its share of it among the last round's accepted peers (``node.batch_share``), so
-    when peers die the survivors take over their share.
-    """
-
-    gpt: GPTConfig
-    seed: int = 0
-    batch: int = 8
-    seq_len: int = 64
-    global_batch: int = 0
-
-    @classmethod
-    def from_run(cls, model: dict[str, Any]) -> ModelSpec:
-        """Parse the run's ``model`` table. Raises ``ConfigError`` naming a bad or unknown key."""
-        if model.get("arch", "gpt") != "gpt":
-            raise ConfigError(f"this node trains only arch = 'gpt', the run asks for {model.get('arch')!r}")
-        gpt_fields = {f.name for f in dataclasses.fields(GPTConfig)}
-        own = {"arch", "seed", "batch", "seq_len", "preset", "global_batch"}
-        unknown = sorted(set(model) - gpt_fields - own)
-        if unknown:
-            raise ConfigError(f"run model: unknown key(s) {', '.join(unknown)}")
-        try:
-            gpt = GPTConfig(**{k: v for k, v in model.items() if k in gpt_fields})
-            spec = cls(
-                gpt,
-                int(model.get("seed", 0)),
-                int(model.get("batch", 8)),
-                int(model.get("seq_len", 64)),
-                int(model.get("global_batch", 0)),
-            )
-        except TypeError as e:
-            raise ConfigError(f"run model: {e}") from e
-        if not 1 <= spec.seq_len <= gpt.context or not 1 <= spec.batch <= 4096:
-            raise ConfigError(f"run model: need 1 <= seq_len <= context and 1 <= batch <= 4096, got {spec}")
-        if not (spec.global_batch == 0 or spec.batch <= spec.global_batch <= MAX_GLOBAL_BATCH):
-            limit = f"0 (off) or in batch..{MAX_GLOBAL_BATCH}"
-            raise ConfigError(f"run model: global_batch must be {limit}, got {spec.global_batch}")
-        return spec
-
-    def build(self, device: torch.device) -> GPT:
-        return GPT(self.gpt, seed=self.seed).to(device)
 
 
 @dataclasses.dataclass(frozen=True)

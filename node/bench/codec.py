@@ -17,8 +17,6 @@ import os
 import sys
 import time
 
-import torch
-
 from distronet.node.exitcodes import ExitCode
 
 __all__ = ["add_parser", "run"]
@@ -55,6 +53,8 @@ def _table(rows: list[dict[str, object]]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; print a table (or JSON with ``--json``). Exit code per ExitCode."""
+    import torch
+
     from distronet.kernels.coding import IndexCoding, ValueCoding
     from distronet.node.bench.codec_run import measure
     from distronet.node.bench.codec_tensors import big_matrix, gpt_momentum

@@ -20,19 +20,14 @@ import multiprocessing
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distronet.node.bench.converge_rows import ROWS, RowSpec, default_lrs, resolve_rows, write_defaults
-from distronet.node.bench.converge_train import (
-    QUICK,
-    STANDARD,
-    BenchSetting,
-    RowResult,
-    ring_allreduce_bytes,
-    run_row,
-)
 from distronet.node.exitcodes import ExitCode
 from distronet.protocol.errors import DistroError
+
+if TYPE_CHECKING:  # converge_train imports torch: only when a benchmark runs, not for `distro-node join`
+    from distronet.node.bench.converge_train import BenchSetting, RowResult
 
 __all__ = ["add_parser", "format_table", "run_jobs"]
 
@@ -41,6 +36,8 @@ Overrides = dict[str, dict[str, Any]]
 
 
 def _work(name: str, lr: float, setting: BenchSetting, threads: int, overrides: Overrides) -> RowResult:
+    from distronet.node.bench.converge_train import run_row
+
     return run_row(ROWS[name], lr, setting, threads=threads, overrides=overrides.get(name))
 
 
@@ -88,6 +85,8 @@ def run_jobs(
 def format_table(rows: Sequence[RowResult], setting: BenchSetting) -> str:
     """The human-readable result table (markdown)."""
     base = next((r.val_loss for r in rows if r.config == "adamw"), None)
+    from distronet.node.bench.converge_train import ring_allreduce_bytes
+
     ring = ring_allreduce_bytes(rows[0].parameters, setting.peers) if rows else 0.0
     lines = [
         f"{setting.peers} peers, {setting.steps} steps, batch {setting.batch}x{setting.seq_len} per peer, "
@@ -123,6 +122,8 @@ def _sweep_table(results: Sequence[RowResult]) -> str:
 
 
 def _setting(args: argparse.Namespace) -> BenchSetting:
+    from distronet.node.bench.converge_train import QUICK, STANDARD
+
     base = QUICK if args.quick else STANDARD
     changes = {k: v for k, v in (("peers", args.peers), ("steps", args.steps), ("batch", args.batch)) if v}
     if args.seq_len:

@@ -13,43 +13,15 @@ bit-identical weights whatever device they move them to afterwards.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from distronet.node.model_spec import GPTConfig
 from distronet.protocol.errors import ConfigError
 
 __all__ = ["GPT", "GPTConfig"]
-
-
-@dataclass(frozen=True)
-class GPTConfig:
-    """Shape of a GPT. The defaults are the built-in small model (about 0.9M parameters).
-
-    ``context`` is the longest sequence the model accepts (position embeddings); ``vocab``
-    is 256 for the byte-level tokenizer. ``tie_weights`` shares the token embedding with the
-    output head (saves ``vocab * width`` parameters).
-    """
-
-    depth: int = 4
-    width: int = 128
-    heads: int = 4
-    context: int = 128
-    vocab: int = 256
-    dropout: float = 0.0
-    bias: bool = True
-    tie_weights: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("depth", "width", "heads", "context", "vocab"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"GPTConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.width % self.heads:
-            raise ConfigError(f"GPTConfig.width ({self.width}) must be a multiple of heads ({self.heads})")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout}")
 
 
 class CausalSelfAttention(nn.Module):

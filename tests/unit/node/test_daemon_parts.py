@@ -29,6 +29,22 @@ async def test_bad_state_transitions_raise() -> None:
         node._to(NodeState.STARTING)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+async def test_an_absent_device_fails_before_the_coordinator_is_called(tmp_path: Path) -> None:
+    """An explicit device is checked (torch loaded first) before any network call; auto and cpu
+    cannot fail and are picked after p2pd's start, while torch loads in the background."""
+    from distronet.node.config import TrainConfig
+    from distronet.node.daemon import NodeError
+    from distronet.node.exitcodes import ExitCode
+
+    cfg = NodeConfig(
+        run_id="r", coordinator="http://127.0.0.1:9", data_dir=str(tmp_path), train=TrainConfig(device="cuda")
+    )
+    with pytest.raises(NodeError, match="no CUDA device") as err:
+        await Node.create(cfg)  # port 9 would answer "unreachable" (exit 3) if it were called first
+    assert err.value.exit_code is ExitCode.USAGE
+
+
 def test_run_tables_parse_and_refuse_unknowns() -> None:
     spec = ModelSpec.from_run(
         {"arch": "gpt", "depth": 1, "width": 32, "heads": 2, "context": 16, "batch": 2, "seq_len": 16}

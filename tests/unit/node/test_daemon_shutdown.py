@@ -14,8 +14,9 @@ import pytest
 
 from distronet.node.config import NodeConfig
 from distronet.node.coordinator_client import CoordinatorClient
-from distronet.node.daemon import CLOSE_BUDGET_S, CLOSE_CAPS_S, Node, NodeState, awaiting
+from distronet.node.daemon import CLOSE_BUDGET_S, CLOSE_CAPS_S, Node, NodeState
 from distronet.node.exitcodes import ExitCode
+from distronet.node.node_parts import awaiting
 from distronet.protocol.identity import Identity
 
 

@@ -44,6 +44,37 @@ print("dynamo imported:", "torch._dynamo" in sys.modules)
 """
 
 
+TORCHLESS = """
+import sys, warnings
+warnings.simplefilter("error")
+import distronet.node.daemon, distronet.node.join, distronet.node.model_spec
+from distronet.node.cli import build_parser
+build_parser()  # every sub-command registered: `distro-node join` starts with this
+from distronet.node.model_spec import ModelSpec
+ModelSpec.from_run({"arch": "gpt", "depth": 2})
+assert "torch" not in sys.modules, "torch"
+from hivemind.utils import MSGPackSerializer, get_logger  # the cheap names: still no torch
+assert "torch" not in sys.modules, "torch via a cheap name"
+from distronet.node.node_parts import preload_torch, wait_torch
+t = preload_torch()
+assert wait_torch(120) and not t.is_alive() and "torch" in sys.modules
+import hivemind.utils, hivemind.dht
+assert hivemind.utils.MPFuture.__name__ == "MPFuture" and hivemind.dht.DHT.__name__ == "DHT"
+from distronet.node.trainer import ModelSpec as Same
+assert Same is ModelSpec
+print("ok")
+"""
+
+
+def test_the_daemon_connects_before_torch_is_needed() -> None:
+    """Importing the daemon (and checking the run's model) loads no torch: ``join`` loads it
+    in a background thread while the node reads the run, joins and starts p2pd; hivemind's
+    ``utils`` and ``dht`` packages give their torch-free names without their ``__init__``."""
+    out = subprocess.run([sys.executable, "-c", TORCHLESS], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "ok"
+
+
 def test_optimizers_work_without_importing_dynamo() -> None:
     out = subprocess.run([sys.executable, "-c", DYNAMO], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -24,6 +24,10 @@ p2pd / hivemind quirks learned building this (hivemind 1.1.12, its bundled p2pd)
   ``hivemind.dht`` and ``hivemind.utils``: this package registers the ``hivemind`` package
   without running its ``__init__`` (about 1 CPU-s less at every node start), and runs it, with
   that one warning silenced, the first time anything asks the package for a top-level name.
+  ``hivemind.utils``' and ``hivemind.dht``'s own ``__init__`` import torch (``MPFuture``,
+  ``DHT``): they are registered the same way, and the names hivemind's p2p and DHT modules take
+  from ``hivemind.utils`` come from their torch-free submodules (``_UTILS_NAMES``). So the
+  node's swarm starts with no torch loaded (``join`` loads it in a background thread meanwhile).
 - ``P2P.create`` builds p2pd's flags in the static ``_make_process_args``; a subclass that adds
   ``-pubsub`` there works (one daemon serves hivemind's DHT, our streams and gossipsub). The
   subclass is made per start so flags (``-metricsAddr``, gossipsub heartbeat) are not global.

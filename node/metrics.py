@@ -13,7 +13,15 @@ from __future__ import annotations
 import math
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    ProcessCollector,
+    start_http_server,
+)
 
 __all__ = ["NodeMetrics"]
 
@@ -43,6 +51,8 @@ class NodeMetrics:
         self.device = Gauge(
             p + "device_info", "constant 1, labelled with the compute backend", ["device"], registry=r
         )
+        GCCollector(registry=r)  # python_gc_*: a node runs no full collection over its start (join)
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
         self._server: WSGIServer | None = None
 
     def serve(self, host: str, port: int) -> None:

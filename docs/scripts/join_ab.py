@@ -35,7 +35,9 @@ def shim(old_tree: Path, work: Path) -> Path:
 def join_once(work: Path, env: dict[str, str]) -> float:
     shutil.rmtree(work, ignore_errors=True)
     cmd = [sys.executable, "-m", "distronet.node.cli", "bench", "network", "--json", "--skip-shaped"]
-    out = subprocess.run([*cmd, "--work-dir", str(work)], env=env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [*cmd, "--work-dir", str(work)], env=env, capture_output=True, text=True, timeout=600
+    )
     if out.returncode != 0:
         raise SystemExit(f"bench failed ({out.returncode}): {out.stderr[-2000:]}")
     doc = json.loads(out.stdout[out.stdout.index("{") :])

@@ -42,7 +42,9 @@ def _stamp(line: str) -> float | None:
 def timeline(folder: Path, env: dict[str, str]) -> dict[str, float]:
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    run = write_run(folder, "joinbench", model=DEFAULT_MODEL, round_deadline_s=0.5)  # bench network's --join-deadline-s
+    run = write_run(
+        folder, "joinbench", model=DEFAULT_MODEL, round_deadline_s=0.5
+    )  # bench network's --join-deadline-s
     saved = dict(os.environ)
     os.environ.clear()
     os.environ.update(env)  # LocalSwarm's processes inherit it
@@ -84,10 +86,21 @@ def main() -> None:
         for name, env in trees.items():
             tl = timeline(work / f"{name}{i}", env)
             runs[name].append(tl)
-            print(name, i, " ".join(f"{k}={v:.2f}" for k, v in sorted(tl.items(), key=lambda kv: kv[1])), flush=True)
+            print(
+                name,
+                i,
+                " ".join(f"{k}={v:.2f}" for k, v in sorted(tl.items(), key=lambda kv: kv[1])),
+                flush=True,
+            )
     for name, tls in runs.items():
-        keys = sorted({k for tl in tls for k in tl}, key=lambda k: statistics.median(tl.get(k, 0) for tl in tls))
-        print(name, "medians:", ", ".join(f"{k} {statistics.median(tl[k] for tl in tls if k in tl):.2f}" for k in keys))
+        keys = sorted(
+            {k for tl in tls for k in tl}, key=lambda k: statistics.median(tl.get(k, 0) for tl in tls)
+        )
+        print(
+            name,
+            "medians:",
+            ", ".join(f"{k} {statistics.median(tl[k] for tl in tls if k in tl):.2f}" for k in keys),
+        )
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ Starts a coordinator and 4 real nodes on loopback (``demo.LocalSwarm``) training
 with ``bench network``'s batch (8 x 64), waits until all are
 past step 5, then reads node 0's threads (``/proc/<pid>/task/*/schedstat``) and its p2pd's CPU
 over ``SECONDS`` and prints ms of CPU per step of each. The environment is passed to the nodes
-(and so to their p2pd), so run it alternating a setting, e.g. p2pd's garbage collector:
+(and so to their p2pd), and ``NODE_ARGS`` is appended to each node's command line, so run it
+alternating a setting, e.g. p2pd's garbage collector (or ``NODE_ARGS="--gossip-heartbeat-s 1"``):
 
     for i in 1 2; do for g in 100 400; do
       GOGC=$g .venv/bin/python docs/scripts/swarm_cpu_ab.py /tmp/swarm-ab 15; done; done
@@ -44,7 +45,7 @@ def thread_cpu(pid: int) -> dict[int, float]:
 
 
 @contextlib.contextmanager
-def loopback_swarm(folder: Path, run_id: str) -> Iterator[LocalSwarm]:
+def loopback_swarm(folder: Path, run_id: str, extra: tuple[str, ...] = ()) -> Iterator[LocalSwarm]:
     """A coordinator and 4 nodes on loopback in an emptied ``folder``, training ``BENCH_MODEL``
     within bench network's budgets, all past step 5; stopped on exit."""
     shutil.rmtree(folder, ignore_errors=True)
@@ -53,7 +54,7 @@ def loopback_swarm(folder: Path, run_id: str) -> Iterator[LocalSwarm]:
     with LocalSwarm(folder, run, run_id) as swarm:
         swarm.start_coordinator()
         for _ in range(4):
-            swarm.start_node("--up", "4mbit", "--down", "20mbit", min_peers=4)
+            swarm.start_node("--up", "4mbit", "--down", "20mbit", *extra, min_peers=4)
         swarm.wait_steps([0, 1, 2, 3], 5, timeout=240.0)
         yield swarm
         swarm.stop_all()
@@ -73,7 +74,8 @@ def cpu(pid: int) -> tuple[dict[int, float], float]:
 
 
 def main(folder: Path, seconds: float) -> None:
-    with loopback_swarm(folder, "cpuab") as swarm:
+    extra = tuple(os.environ.get("NODE_ARGS", "").split())
+    with loopback_swarm(folder, "cpuab", extra) as swarm:
         pid = swarm.nodes[0].pid
         s0, (t0, k0) = swarm.status(0)["step"], cpu(pid)
         time.sleep(seconds)
@@ -81,7 +83,7 @@ def main(folder: Path, seconds: float) -> None:
         steps = s1 - s0
         busy = sorted(((t1[t] - t0.get(t, 0.0)) * 1e3 / steps for t in t1), reverse=True)
         p2pd = (k1 - k0) * 1e3 / steps
-        print(f"GOGC={os.environ.get('GOGC', '-')} steps {steps} ({steps / seconds:.2f}/s); ms CPU a step: "
+        print(f"GOGC={os.environ.get('GOGC', '-')} {' '.join(extra)} steps {steps} ({steps / seconds:.2f}/s); ms CPU a step: "
               f"training thread {busy[0]:.1f}, event loop {busy[1]:.1f}, p2pd {p2pd:.1f}")  # fmt: skip
 
 

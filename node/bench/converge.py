@@ -84,9 +84,9 @@ def run_jobs(
 
 def format_table(rows: Sequence[RowResult], setting: BenchSetting) -> str:
     """The human-readable result table (markdown)."""
-    base = next((r.val_loss for r in rows if r.config == "adamw"), None)
     from distronet.node.bench.converge_train import ring_allreduce_bytes
 
+    base = next((r.val_loss for r in rows if r.config == "adamw"), None)
     ring = ring_allreduce_bytes(rows[0].parameters, setting.peers) if rows else 0.0
     lines = [
         f"{setting.peers} peers, {setting.steps} steps, batch {setting.batch}x{setting.seq_len} per peer, "

@@ -60,6 +60,9 @@ any other replica pulled it, leaves a manifest no replica can fill. When every l
 reachable answers that it does not hold the frame (``pull.nobody_holds``; a timeout proves
 nothing), the round is applied without it — the same set on every replica that answered —
 rather than failed swarm-wide. One that got the frame after all diverges; the drift check heals.
+A replica left with nobody at all (every source unreachable, no peer in the announcement topic:
+the others died together) does the same and trains on alone, as it does in the rounds after
+("Hearing nobody": it knows nobody). One that was only cut off for that long does so too.
 
 ``exchange_sync.SwarmExchange`` wraps this async core in the synchronous ``Exchange`` interface.
 """
@@ -101,7 +104,7 @@ from distronet.node.swarm.manifest_ask import (
 )
 from distronet.node.swarm.p2p import with_deadline
 from distronet.node.swarm.pubsub import Gossip, Subscription
-from distronet.node.swarm.pull import nobody_holds
+from distronet.node.swarm.pull import all_unreachable, nobody_holds
 from distronet.node.swarm.stack import Swarm
 from distronet.protocol.announce import Announcement, open_announcement, seal_announcement
 from distronet.protocol.errors import RejectCode, Rejected
@@ -176,6 +179,13 @@ class AsyncSwarmExchange(ManifestAsks):
                 peers = await self.swarm.gossip.topic_peers(self.swarm.topic)
                 self._subscribed = {p.to_bytes() for p in peers}
             await asyncio.sleep(every_s)
+
+    async def _alone_after(self, err: PullError) -> bool:
+        """Whether a failed pull leaves us the run's last live peer: every source unreachable
+        and nobody left in our announcement topic (module doc, "A frame nobody holds")."""
+        with contextlib.suppress(Exception):
+            return all_unreachable(err) and not await self.swarm.gossip.topic_peers(self.swarm.topic)
+        return False
 
     @property
     def peer_id(self) -> bytes:
@@ -544,7 +554,7 @@ class AsyncSwarmExchange(ManifestAsks):
                 )  # fmt: skip
             except PullError as e:  # a dead frame (module doc, "A frame nobody holds")
                 origins = [peer_id_to_b58(p) for p in {peer, manifest.leader} - {self.peer_id}]
-                if not nobody_holds(e, origins):
+                if not (nobody_holds(e, origins) or await self._alone_after(e)):
                     raise
                 log.warning("round %d: the frame of %s is held by no live peer: applied without it (%s)",
                             step, peer_id_to_b58(peer)[-6:], e)  # fmt: skip

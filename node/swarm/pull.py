@@ -49,6 +49,7 @@ __all__ = [
     "PULL_PROTOCOL",
     "ContentStore",
     "Puller",
+    "all_unreachable",
     "encode_request",
     "encode_response_header",
     "nobody_holds",
@@ -446,4 +447,15 @@ def nobody_holds(err: PullError, origins: Sequence[str]) -> bool:
         bool(rest)
         and all(isinstance(e, PullNotFound | PullUnreachable) for e in rest)
         and any(isinstance(e, PullNotFound) for e in rest)
+    )
+
+
+def all_unreachable(err: PullError) -> bool:
+    """Whether a failed :meth:`Puller.pull` could reach none of its sources (no stream to any):
+    with nobody left in the run's topic, no live peer holds the content (``exchange``)."""
+    causes = err.causes.values()
+    return (
+        not isinstance(err, PullTimeout)
+        and bool(causes)
+        and all(isinstance(e, PullUnreachable) for e in causes)
     )

@@ -2,7 +2,8 @@
 and gossips a manifest listing A's and B's frames and its own, which it never let anyone pull,
 then dies (SIGKILL of its p2pd). A, B and C cannot fill that frame from anyone — D is gone, the
 others answer that they do not have it — and apply the round without it, all the same set,
-instead of failing it on every replica (``exchange`` module doc, "A frame nobody holds")."""
+instead of failing it on every replica (``exchange`` module doc, "A frame nobody holds"). And a
+peer whose only other peer dies that way trains on alone instead of failing the round."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from pathlib import Path
 import pytest
 from p2p_trio import eventually, start_peer, trio
 
+from distronet.node.exchange.base import RoundUnavailable
 from distronet.node.swarm.exchange import ExchangeConfig, manifest_topic
-from distronet.node.swarm.manifest import seal_manifest
+from distronet.node.swarm.manifest import open_manifest, seal_manifest
+from distronet.protocol.identity import Identity
 from distronet.protocol.layout import layout_digest
 from distronet.protocol.packet import seal_packet
 
@@ -66,3 +69,69 @@ async def test_a_frame_held_by_no_live_peer_is_left_out_by_every_replica(tmp_pat
         finally:
             await xd.close()
             await d.close()
+
+
+async def test_the_last_live_peer_applies_the_round_alone(tmp_path: Path) -> None:
+    """Two peers; D seals and gossips a manifest listing A's frame and its own, never pulled, and
+    dies. Nobody can answer "not here" any more: A, alone in the run's topic, applies the round
+    with its own frame (it used to fail it, then find no peer to resync from, and exit)."""
+    a, xa = await start_peer(tmp_path, "a", RUN, CONFIG)
+    try:
+        d, xd = await start_peer(tmp_path, "d", RUN, CONFIG, tuple(await a.host.maddrs()))
+        try:
+            topic = manifest_topic(RUN)
+
+            async def meshed() -> bool:
+                return d.host.peer_id in await a.gossip.topic_peers(topic) and bool(
+                    await a.gossip.topic_peers(a.topic)
+                )
+
+            await eventually(meshed, 15.0, "A and D to see each other on both topics")
+            step = 0
+            frames = {s.identity.peer_id: seal_packet(s.identity, RUN, step, DIGEST, os.urandom(20_000))
+                      for s in (a, d)}  # fmt: skip
+            a.puller.store.put(frames[a.identity.peer_id], step)
+            entries = [(p, hashlib.sha256(f).digest(), len(f)) for p, f in frames.items()]
+            xa._round(step, local=True)
+            await xd._gossip(xd._manifest_gossip, topic, seal_manifest(d.identity, RUN, step, entries))
+
+            async def a_has_it() -> bool:
+                return d.identity.peer_id in xa._rounds[step].manifests
+
+            await eventually(a_has_it, 15.0, "D's manifest to reach A")
+            d.host.kill()
+
+            async def a_alone() -> bool:
+                return not await a.gossip.topic_peers(a.topic)
+
+            await eventually(a_alone, 15.0, "A's p2pd to drop D from the topic")
+            got = await asyncio.wait_for(xa.collect(step), 60.0)
+            assert dict(got) == {a.identity.peer_id: frames[a.identity.peer_id]}
+            assert xa.dead_frames == 1
+        finally:
+            await xd.close()
+            await d.close()
+    finally:
+        await xa.close()
+        await a.close()
+
+
+async def test_a_peer_whose_topic_still_has_members_does_not_go_it_alone(tmp_path: Path) -> None:
+    """A manifest of a producer and leader nobody can reach (a ghost), while B and C are alive in
+    the topic: every source of the ghost's frame is unreachable, but A is not the last live peer
+    (A may be the one cut off), so nothing is proven and the round fails."""
+    async with trio(tmp_path, RUN, CONFIG) as peers:
+        a, xa = peers[0]
+        ghost = Identity.generate()
+        step = 0
+        frames = {a.identity.peer_id: seal_packet(a.identity, RUN, step, DIGEST, os.urandom(5_000)),
+                  ghost.peer_id: seal_packet(ghost, RUN, step, DIGEST, os.urandom(5_000))}  # fmt: skip
+        a.puller.store.put(frames[a.identity.peer_id], step)
+        entries = [(p, hashlib.sha256(f).digest(), len(f)) for p, f in frames.items()]
+        manifest = open_manifest(
+            seal_manifest(ghost, RUN, step, entries), run_id=RUN, max_entries=16, max_size=2**20
+        )
+        state = xa._round(step, local=True)
+        with pytest.raises(RoundUnavailable):
+            await asyncio.wait_for(xa._fill(step, state, manifest), 60.0)
+        assert xa.dead_frames == 0

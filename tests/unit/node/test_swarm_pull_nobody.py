@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from distronet.node.swarm.errors import PullError, PullNotFound, PullPruned, PullTimeout, PullUnreachable
-from distronet.node.swarm.pull import ContentStore, nobody_holds
+from distronet.node.swarm.pull import ContentStore, all_unreachable, nobody_holds
 
 GONE = PullUnreachable("cannot open a pull stream")
 NOT_HERE = PullNotFound("does not have it")
@@ -53,3 +53,11 @@ def test_the_store_remembers_what_it_evicted_a_bounded_while() -> None:
     assert store.pruned(b) and store.pruned(c) and not store.pruned(a)  # only the last 2 are kept
     store.put(b"b" * 1_000, 5)  # held again: no longer "pruned"
     assert not store.pruned(b) and b in store
+
+
+def test_all_unreachable_only_when_no_source_could_be_reached() -> None:
+    assert all_unreachable(_err(producer=GONE, leader=GONE))
+    assert not all_unreachable(_err(producer=GONE, b=NOT_HERE))  # b answered
+    assert not all_unreachable(_err(producer=GONE, b=PullError("stream broke")))
+    assert not all_unreachable(_err(PullTimeout, producer=GONE))
+    assert not all_unreachable(_err())

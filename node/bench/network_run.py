@@ -337,12 +337,19 @@ def shaped_swarm(
 class JoinResult:
     seconds: float
     first_step: int
+    started_unix: float = 0.0  # when the newcomer's process was started (its log's clock)
 
 
 def join_to_first_accept(
-    folder: Path, *, model: dict[str, Any], peers: int, round_deadline_s: float
+    folder: Path,
+    *,
+    model: dict[str, Any],
+    peers: int,
+    round_deadline_s: float,
+    newcomer_args: tuple[str, ...] = (),
 ) -> JoinResult:
-    """Seconds from starting a newcomer's ``distro-node join`` to a peer applying its packet."""
+    """Seconds from starting a newcomer's ``distro-node join`` (with ``newcomer_args`` appended,
+    e.g. a log level) to a peer applying its packet. Its log stays in ``folder``."""
     from distronet.node.demo import write_run
 
     run = write_run(folder, "joinbench", model=model, round_deadline_s=round_deadline_s)
@@ -352,8 +359,8 @@ def join_to_first_accept(
             swarm.start_node(min_peers=peers)
         swarm.wait_steps(list(range(peers)), 2, timeout=240.0)
         old = {swarm.status(i).get("peer_id") for i in range(peers)}
-        started = time.monotonic()
-        swarm.start_node()
+        started, started_unix = time.monotonic(), time.time()
+        swarm.start_node(*newcomer_args)
         end = started + 120.0
         while time.monotonic() < end:
             if swarm.nodes[peers].poll() is not None:
@@ -363,7 +370,7 @@ def join_to_first_accept(
                     if any(p not in old for p in producers):
                         seconds = time.monotonic() - started
                         swarm.stop_all()
-                        return JoinResult(seconds, int(step))
+                        return JoinResult(seconds, int(step), started_unix)
             time.sleep(POLL_S)
         raise SwarmFailure("no peer accepted a packet of the newcomer within 120 s")
 

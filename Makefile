@@ -13,13 +13,17 @@ TORCH_VERSION ?= 2.13.0
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py
+$(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 ifeq ($(HAS_NVIDIA),1)
 	$(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)"
 else
-	$(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)" --index-url https://download.pytorch.org/whl/cpu 2>/dev/null \
+	@# a local or mirrored CPU wheel first, then PyTorch's CPU index with a short timeout and no
+	@# retries (an unreachable index must not stall the install), then the plain requirement
+	$(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)+cpu" 2>/dev/null \
+	  || $(BIN)/python -m pip install -q --timeout 5 --retries 0 "torch==$(TORCH_VERSION)" \
+	       --index-url https://download.pytorch.org/whl/cpu 2>/dev/null \
 	  || $(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)"
 endif
 	$(BIN)/python -m pip install -q -e ".[dev,postgres,mlx]"
@@ -35,9 +39,7 @@ lint: venv
 	$(BIN)/ruff format --check .
 
 typecheck: venv
-	@rm -rf .typecheck && mkdir -p .typecheck/distronet
-	@for d in node protocol coordinator kernels dashboard; do ln -s ../../$$d .typecheck/distronet/$$d; done
-	cd .typecheck && MYPYPATH=. ../$(BIN)/mypy --config-file ../pyproject.toml --namespace-packages --explicit-package-bases -p distronet
+	$(BIN)/mypy -p distronet
 
 test: venv lint typecheck
 	$(BIN)/python -m pytest -q
@@ -50,4 +52,4 @@ fmt: venv
 	$(BIN)/ruff format .
 
 clean:
-	rm -rf $(VENV) .typecheck build *.egg-info
+	rm -rf $(VENV) build *.egg-info

@@ -50,7 +50,7 @@ def _imports(path: Path) -> list[str]:
 
 def _violations(layer: str) -> list[str]:
     bad: list[str] = []
-    for path in sorted((ROOT / layer).rglob("*.py")):
+    for path in sorted((ROOT / "distronet" / layer).rglob("*.py")):
         for name in _imports(path):
             parts = name.split(".")
             if parts[0] == "distronet" and len(parts) > 1:

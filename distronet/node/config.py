@@ -24,7 +24,7 @@ from typing import Any
 
 import tomllib
 
-from distronet.node.budget import parse_rate
+from distronet.node.swarm.budget import parse_rate
 from distronet.protocol.errors import ConfigError
 
 __all__ = [

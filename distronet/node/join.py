@@ -104,7 +104,7 @@ def _leave_process(code: int) -> NoReturn:
 async def run_node(cfg: NodeConfig) -> int:
     """Create the node, run it, close it, and leave the process (``_leave_process``) with the
     exit code; SIGINT/SIGTERM stop it cleanly, a second one forces exit."""
-    from distronet.node.daemon import Node, NodeError
+    from distronet.node.daemon.node import Node, NodeError
 
     loop = asyncio.get_running_loop()
     node: Node | None = None
@@ -142,7 +142,7 @@ async def run_node(cfg: NodeConfig) -> int:
             code = e.exit_code
         finally:
             if node is not None:
-                from distronet.node.daemon import CLOSE_BUDGET_S
+                from distronet.node.daemon.node import CLOSE_BUDGET_S
 
                 watchdog.arm(CLOSE_BUDGET_S + WATCHDOG_GRACE_S)  # close, then the process's own exit
                 await node.close()
@@ -183,7 +183,7 @@ def _main(args: argparse.Namespace) -> int:
     # each on a loaded 2-core machine) and again at every later full collection. It stays off
     # until the node is built, which then freezes them out of every collection (run_node).
     gc.disable()
-    from distronet.node.node_parts import preload_torch, warm_decoder
+    from distronet.node.daemon.parts import preload_torch, warm_decoder
 
     preload_torch()  # while the node connects; also keeps TorchDynamo out (~2 CPU-s less)
     warm_decoder()

@@ -20,7 +20,7 @@ import torch
 torch.set_num_threads(1)
 
 from distronet.node.models.gpt import GPT, GPTConfig  # noqa: E402
-from distronet.node.trainer import tensors_digest  # noqa: E402
+from distronet.node.daemon.trainer import tensors_digest  # noqa: E402
 
 
 def sha256_digest(tensors: Iterable[torch.Tensor]) -> str:

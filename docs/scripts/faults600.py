@@ -6,7 +6,7 @@ from dataclasses import replace
 from distronet.node.models.gpt import GPT
 from distronet.node.optim.config import preset
 from distronet.node.exchange.faulty import FaultPlan
-from distronet.node.swarm_sim import SwarmFaults, param_digest, run_swarm
+from distronet.node.bench.swarm_sim import SwarmFaults, param_digest, run_swarm
 s = replace(QUICK, peers=4, steps=int(sys.argv[1]) if len(sys.argv) > 1 else 600)
 data = make_data(s)
 plan = FaultPlan(seed=11, p_drop=0.05, p_late=0.05, p_duplicate=0.3, max_delay=0.9)

@@ -23,7 +23,7 @@ from distronet.node.bench.converge_train import BenchSetting, make_data
 from distronet.node.models.gpt import GPT
 from distronet.node.optim import distro
 from distronet.node.optim.config import preset
-from distronet.node.swarm_sim import _default_loss, run_swarm
+from distronet.node.bench.swarm_sim import _default_loss, run_swarm
 
 torch.set_num_threads(1)
 stop = int(sys.argv[1])

@@ -23,7 +23,7 @@ import torch
 from distronet.node.bench.converge_train import QUICK, BenchSetting, evaluate, make_data
 from distronet.node.models.gpt import GPT
 from distronet.node.optim.config import preset
-from distronet.node.swarm_sim import param_digest, run_swarm
+from distronet.node.bench.swarm_sim import param_digest, run_swarm
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--steps", type=int, default=600)

@@ -21,7 +21,7 @@ from distronet.node.bench.converge_train import BenchSetting, make_data
 from distronet.node.models.gpt import GPT
 from distronet.node.optim.config import UpdateRule, lr_at, preset
 from distronet.node.optim.update import apply_rule
-from distronet.node.swarm_sim import run_swarm
+from distronet.node.bench.swarm_sim import run_swarm
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--stop", type=int, default=60)

@@ -5,7 +5,7 @@ torch.set_num_threads(1)
 from distronet.node.bench.converge_train import BenchSetting, make_data, evaluate
 from distronet.node.models.gpt import GPT
 from distronet.node.optim.config import preset
-from distronet.node.swarm_sim import SwarmFaults, param_digest, run_swarm
+from distronet.node.bench.swarm_sim import SwarmFaults, param_digest, run_swarm
 name, lr, steps = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 s = BenchSetting(steps=steps)
 data = make_data(s)

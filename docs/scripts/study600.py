@@ -39,7 +39,7 @@ from distronet.node.bench.converge_train import (
 )
 from distronet.node.models.gpt import GPT
 from distronet.node.optim.config import preset
-from distronet.node.swarm_sim import SwarmFaults, param_digest, run_swarm
+from distronet.node.bench.swarm_sim import SwarmFaults, param_digest, run_swarm
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--steps", type=int, default=600)

@@ -39,7 +39,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from distronet.node.coordinator_client import CoordinatorClient
+from distronet.node.daemon.coordinator_client import CoordinatorClient
 from distronet.protocol.identity import Identity
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

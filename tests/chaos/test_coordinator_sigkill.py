@@ -28,7 +28,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from distronet.node.coordinator_client import (
+from distronet.node.daemon.coordinator_client import (
     CoordinatorClient,
     CoordinatorRefused,
     CoordinatorUnreachable,

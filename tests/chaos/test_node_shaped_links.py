@@ -26,8 +26,8 @@ import pytest
 
 from distronet.node.bench.netns import LinkShape, ShapedNet, VethSampler, missing_requirements
 from distronet.node.bench.netns_swarm import NetnsSwarm, write_shaped_run
-from distronet.node.budget import parse_rate
 from distronet.node.demo import common_digests
+from distronet.node.swarm.budget import parse_rate
 
 pytestmark = [pytest.mark.netns, pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -11,7 +11,7 @@ Steps (seeded: which nodes die and when is drawn from ``random.Random(SEED)``):
  4. a newcomer starts and is *in step* within ``NEWCOMER_S`` of its process starting (the time
     taken is printed: ``newcomer_in_step_s``). In step means: it has caught up — adopted a
     state fetched from the donors, or replayed the rounds they decided from the run's seeded
-    weights when they are few (``node/replay.py``) — (``resyncs`` >= 1, its first step at or past
+    weights when they are few (``node/catchup/replay.py``) — (``resyncs`` >= 1, its first step at or past
     the survivors' step when it started) and then
     finished a step whose parameter digest equals a survivor's digest for that same step, i.e.
     it applied that round's update together with the others and holds bit-identical
@@ -68,7 +68,7 @@ def units(swarm: LocalSwarm) -> dict[int, dict[str, Any]]:
 
 def in_step(swarm: LocalSwarm, new: int, survivors: list[int], target: int) -> bool:
     """The newcomer caught up with the survivors (adopted their state, or replayed their rounds
-    from the run's seeded weights: ``node/replay.py``) to at or past ``target`` and finished a
+    from the run's seeded weights: ``node/catchup/replay.py``) to at or past ``target`` and finished a
     step with a survivor's parameter digest for that step (step 4 of the module docstring)."""
     if swarm.nodes[new].poll() is not None:
         raise AssertionError(f"the newcomer exited with {swarm.nodes[new].returncode}")

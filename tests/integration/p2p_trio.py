@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from distronet.node.swarm.exchange import AsyncSwarmExchange, ExchangeConfig, manifest_topic
+from distronet.node.exchange.swarm import AsyncSwarmExchange, ExchangeConfig, manifest_topic
 from distronet.node.swarm.membership import MembershipConfig
 from distronet.node.swarm.p2p import SwarmConfig
 from distronet.node.swarm.stack import Swarm

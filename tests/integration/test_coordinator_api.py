@@ -16,7 +16,7 @@ import pytest
 
 from distronet.coordinator.config import CoordinatorConfig
 from distronet.coordinator.local import LocalCoordinator, local_coordinator
-from distronet.node.coordinator_client import CoordinatorClient, CoordinatorRefused, sign_receipt
+from distronet.node.daemon.coordinator_client import CoordinatorClient, CoordinatorRefused, sign_receipt
 from distronet.protocol.coordinator_api import HDR_NONCE, HDR_PEER, HDR_SIGNATURE, HDR_TIME, sign_request
 from distronet.protocol.coordinator_session import (
     HDR_MAC,
@@ -308,7 +308,7 @@ async def test_a_node_recovers_the_leases_it_holds(lc: LocalCoordinator, http: a
 
 
 def test_client_public_surface() -> None:
-    import distronet.node.coordinator_client as m
+    import distronet.node.daemon.coordinator_client as m
 
     assert sorted(m.__all__) == [
         "CoordinatorClient", "CoordinatorClientError", "CoordinatorRefused", "CoordinatorUnreachable",

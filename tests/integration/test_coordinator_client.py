@@ -10,7 +10,11 @@ from pathlib import Path
 
 from distronet.coordinator.config import CoordinatorConfig
 from distronet.coordinator.local import local_coordinator
-from distronet.node.coordinator_client import CoordinatorClient, CoordinatorUnreachable, sign_receipt
+from distronet.node.daemon.coordinator_client import (
+    CoordinatorClient,
+    CoordinatorUnreachable,
+    sign_receipt,
+)
 from distronet.protocol.coordinator_api import CREATE_RUN
 from distronet.protocol.identity import Identity
 

@@ -1,5 +1,5 @@
 """A node that joins a run a few rounds after it started replays the rounds it missed
-(``node/replay.py``) instead of downloading the swarm's state, and its packets count at once.
+(``node/catchup/replay.py``) instead of downloading the swarm's state, and its packets count at once.
 
 Real coordinator and three real `distro-node join` processes on loopback: nodes 0 and 1 start
 together and train; node 2 starts once they are past step 3. Its step 0 is the run's seeded

@@ -24,9 +24,9 @@ from torch import nn
 
 import distronet.node.models.gpt as gpt_module
 from distronet.node.backends import pick_backend
+from distronet.node.bench.swarm_sim import param_digest, run_swarm
 from distronet.node.models.gpt import GPT, GPTConfig
 from distronet.node.optim.config import preset
-from distronet.node.swarm_sim import param_digest, run_swarm
 
 CFG = GPTConfig(depth=2, width=32, heads=4, context=32)
 STEPS, PEERS, BATCH, SEQ = 8, 3, 8, 32

@@ -16,10 +16,10 @@ import pytest
 from p2p_trio import eventually, start_peer, trio
 
 from distronet.node.exchange.base import RoundUnavailable
-from distronet.node.swarm.exchange import ExchangeConfig, manifest_topic
-from distronet.node.swarm.manifest import open_manifest, seal_manifest
+from distronet.node.exchange.swarm import ExchangeConfig, manifest_topic
 from distronet.protocol.identity import Identity
 from distronet.protocol.layout import layout_digest
+from distronet.protocol.manifest import open_manifest, seal_manifest
 from distronet.protocol.packet import seal_packet
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow, pytest.mark.timeout(240)]

@@ -19,15 +19,15 @@ import pytest
 import pytest_asyncio
 from p2p_trio import eventually, start_peer, trio
 
-from distronet.node.budget import Bandwidth
 from distronet.node.exchange.base import ExchangeError, Round
-from distronet.node.swarm.exchange import AsyncSwarmExchange, ExchangeConfig, manifest_topic
-from distronet.node.swarm.exchange_sync import SwarmExchange
-from distronet.node.swarm.manifest import leader_rank
+from distronet.node.exchange.swarm import AsyncSwarmExchange, ExchangeConfig, manifest_topic
+from distronet.node.exchange.sync import SwarmExchange
+from distronet.node.swarm.budget import Bandwidth
 from distronet.node.swarm.stack import Swarm
 from distronet.protocol.announce import seal_announcement
 from distronet.protocol.errors import RejectCode
 from distronet.protocol.layout import layout_digest
+from distronet.protocol.manifest import leader_rank
 from distronet.protocol.packet import open_packet, seal_packet
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]

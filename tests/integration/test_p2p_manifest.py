@@ -7,9 +7,9 @@ import hashlib
 import msgpack
 import pytest
 
-from distronet.node.swarm.manifest import leader_rank, open_manifest, seal_manifest
 from distronet.protocol.errors import RejectCode, Rejected
 from distronet.protocol.identity import Identity
+from distronet.protocol.manifest import leader_rank, open_manifest, seal_manifest
 
 LEADER = Identity.from_seed(b"\x01" * 32)
 OTHER = Identity.from_seed(b"\x02" * 32)

@@ -1,4 +1,4 @@
-"""Replaying rounds the swarm decided (``AsyncSwarmExchange.replay``, ``node/replay.py``) over
+"""Replaying rounds the swarm decided (``AsyncSwarmExchange.replay``, ``node/catchup/replay.py``) over
 three REAL p2pd peers: A and B run rounds while C computes nothing; C then asks A which accepted
 set it applied for each round and pulls those frames — the very rounds A and B applied — until A
 answers that the next round is not decided yet. A round older than A's window is refused."""
@@ -14,8 +14,8 @@ import pytest_asyncio
 from p2p_trio import Peer, trio
 
 from distronet.node.exchange.base import RoundUnavailable
-from distronet.node.swarm.exchange import ExchangeConfig
-from distronet.node.swarm.manifest_ask import ask_newest
+from distronet.node.exchange.manifest_ask import ask_newest
+from distronet.node.exchange.swarm import ExchangeConfig
 from distronet.protocol.identity import Identity
 from distronet.protocol.layout import layout_digest
 from distronet.protocol.packet import seal_packet

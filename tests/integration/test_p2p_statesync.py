@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from distronet.node.swarm.digests import DigestBoard, ask_digest
+from distronet.node.catchup.digests import DigestBoard, ask_digest
+from distronet.node.catchup.statesync import NoNewerState, StateDonor, ask_manifest, describe, fetch_state
 from distronet.node.swarm.errors import PullError
 from distronet.node.swarm.membership import MembershipConfig
 from distronet.node.swarm.p2p import SwarmConfig
 from distronet.node.swarm.stack import Swarm
-from distronet.node.swarm.statesync import NoNewerState, StateDonor, ask_manifest, describe, fetch_state
 from distronet.protocol.identity import Identity
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]

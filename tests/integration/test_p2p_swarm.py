@@ -21,7 +21,7 @@ import pytest
 import pytest_asyncio
 from p2p_trio import eventually
 
-from distronet.node.budget import EXACT, Bandwidth
+from distronet.node.swarm.budget import EXACT, Bandwidth
 from distronet.node.swarm.errors import DaemonError, GossipError, PullError, PullNotFound, PullPruned
 from distronet.node.swarm.membership import MembershipConfig
 from distronet.node.swarm.p2p import SwarmConfig, SwarmHost

@@ -18,7 +18,7 @@ import pytest
 import pytest_asyncio
 from p2p_trio import eventually, trio
 
-from distronet.node.swarm.exchange import AsyncSwarmExchange, ExchangeConfig, FellBehind
+from distronet.node.exchange.swarm import AsyncSwarmExchange, ExchangeConfig, FellBehind
 from distronet.node.swarm.stack import Swarm
 from distronet.protocol.layout import layout_digest
 from distronet.protocol.packet import seal_packet

@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch import nn
 
+from distronet.node.bench.swarm_sim import SwarmFaults, SwarmResult, param_digest, run_swarm
+from distronet.node.daemon.trainer import replica_digest
 from distronet.node.exchange.faulty import FaultPlan
 from distronet.node.optim.config import preset
-from distronet.node.swarm_sim import SwarmFaults, SwarmResult, param_digest, run_swarm
-from distronet.node.trainer import replica_digest
 from distronet.protocol.errors import ConfigError
 
 torch.manual_seed(0)

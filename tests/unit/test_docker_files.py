@@ -79,7 +79,7 @@ def test_copied_paths_exist(dockerfile: str) -> None:
 def test_grafana_dashboard_queries_metrics_the_node_exports() -> None:
     from prometheus_client import generate_latest
 
-    from distronet.node.metrics import NodeMetrics
+    from distronet.node.daemon.metrics import NodeMetrics
 
     exported = generate_latest(NodeMetrics().registry).decode()
     board = json.loads((DOCKER / "grafana/provisioning/dashboards/distro-node.json").read_text())

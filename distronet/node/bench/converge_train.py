@@ -12,7 +12,7 @@ last step.
   mean loss over their concatenation, so one backward over the N batches side by side gives
   that averaged gradient. Upload per peer per step is the fp32 ring all-reduce's
   ``2·(N−1)/N·4`` bytes per parameter.
-* DisTrO rows: N replicas over the in-memory exchange (``distronet.node.swarm_sim.run_swarm``);
+* DisTrO rows: N replicas over the in-memory exchange (``distronet.node.bench.swarm_sim.run_swarm``);
   upload is the mean size of the sealed packets as on the wire, framing included.
 """
 
@@ -200,8 +200,8 @@ def _adamw(spec: RowSpec, lr: float, s: BenchSetting, data: BenchData) -> RowRes
 def _distro(
     spec: RowSpec, lr: float, s: BenchSetting, data: BenchData, overrides: dict[str, Any]
 ) -> RowResult:
+    from distronet.node.bench.swarm_sim import param_digest, run_swarm
     from distronet.node.optim.config import preset
-    from distronet.node.swarm_sim import param_digest, run_swarm
 
     assert spec.preset is not None
     t0 = time.perf_counter()

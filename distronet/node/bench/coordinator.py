@@ -137,7 +137,7 @@ async def _start_server(args: argparse.Namespace, tmp: str) -> tuple[subprocess.
 async def _setup(url: str, args: argparse.Namespace, run_id: str) -> list[Peer]:
     import aiohttp
 
-    from distronet.node.coordinator_client import CoordinatorClient
+    from distronet.node.daemon.coordinator_client import CoordinatorClient
     from distronet.protocol.identity import Identity
 
     shards = [

@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from distronet.node.budget import parse_rate
+from distronet.node.swarm.budget import parse_rate
 from distronet.protocol.errors import DistroError
 
 __all__ = [

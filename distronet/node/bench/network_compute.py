@@ -44,18 +44,19 @@ def compute_rate(
     seconds; with ``barrier``, timed between a ``go`` and a ``stop`` line (module doc)."""
     import torch
 
+    from distronet.node.daemon.parts import optimizer_config
+    from distronet.node.daemon.trainer import ModelSpec, Trainer
     from distronet.node.data import load_builtin_corpus
     from distronet.node.data.order import BatchOrder
     from distronet.node.exchange.memory import MemoryExchange, MemoryHub
-    from distronet.node.node_parts import optimizer_config
+    from distronet.node.models.build import build_model
     from distronet.node.optim.distro import DistroOptimizer
-    from distronet.node.trainer import ModelSpec, Trainer
     from distronet.protocol.identity import Identity
 
     torch.set_num_threads(threads)
     spec = ModelSpec.from_run(model)
     device = torch.device("cpu")
-    net = spec.build(device)
+    net = build_model(spec, device)
     ident = Identity.generate()
     exchange = MemoryExchange(MemoryHub(), ident.peer_id)
     opt = DistroOptimizer(net.named_parameters(), optimizer_config("bench", optimizer), exchange, ident)

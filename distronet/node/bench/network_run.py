@@ -28,8 +28,8 @@ from typing import Any
 
 from distronet.node.bench.netns import LinkShape, ShapedNet, VethSampler
 from distronet.node.bench.netns_swarm import NetnsSwarm, SwarmFailure, write_shaped_run
-from distronet.node.budget import parse_rate
 from distronet.node.demo import LocalSwarm
+from distronet.node.swarm.budget import parse_rate
 
 __all__ = [
     "ComputeResult",

@@ -1,5 +1,3 @@
-"""Models a node can train: the built-in byte-level GPT."""
-
-from distronet.node.models.gpt import GPT, GPTConfig
-
-__all__ = ["GPT", "GPTConfig"]
+"""Models a node can train: the torch-free run spec (``spec``), the built-in byte-level GPT
+(``gpt``, ``gpt_mlx``) and ``build.build_model``. Import the modules themselves: this package
+imports nothing, so checking a run's model loads no torch."""

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from distronet.node.model_spec import GPTConfig
+from distronet.node.models.spec import GPTConfig
 from distronet.protocol.errors import ConfigError
 
 __all__ = ["GPT", "GPTConfig"]

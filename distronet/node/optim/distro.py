@@ -149,7 +149,7 @@ class DistroOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def apply_replayed(self, rnd: Round) -> None:
         """Apply round ``rnd.step == rounds_due()`` that the swarm decided while this replica
-        computed nothing (``node/replay.py``), and move to the step a replica that applied it
+        computed nothing (``node/catchup/replay.py``), and move to the step a replica that applied it
         would run next; the parameters become the consensus (no lookahead). Raises
         ``ConfigError`` for another step. Bit-identical to the swarm's replicas: the same
         frames through the same ``_apply``."""

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from hivemind.p2p import PeerID
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
-from distronet.node.budget import Bandwidth
+from distronet.node.swarm.budget import Bandwidth
 from distronet.node.swarm.control import open_stream, write_stream
 from distronet.node.swarm.errors import PullError, PullNotFound, PullPruned, PullTimeout, PullUnreachable
 from distronet.node.swarm.p2p import SwarmHost, with_deadline

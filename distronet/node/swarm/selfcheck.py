@@ -17,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from distronet.node.budget import Bandwidth
-from distronet.node.swarm.exchange import AsyncSwarmExchange, ExchangeConfig, manifest_topic
+from distronet.node.exchange.swarm import AsyncSwarmExchange, ExchangeConfig, manifest_topic
+from distronet.node.swarm.budget import Bandwidth
 from distronet.node.swarm.membership import MembershipConfig
 from distronet.node.swarm.p2p import SwarmConfig
 from distronet.node.swarm.stack import Swarm

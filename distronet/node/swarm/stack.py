@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-from distronet.node.budget import Bandwidth
+from distronet.node.swarm.budget import Bandwidth
 from distronet.node.swarm.membership import Membership, MembershipConfig
 from distronet.node.swarm.p2p import SwarmConfig, SwarmHost
 from distronet.node.swarm.pubsub import Gossip

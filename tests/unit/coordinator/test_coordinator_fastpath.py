@@ -12,7 +12,7 @@ import pytest
 from distronet.coordinator.config import CoordinatorConfig
 from distronet.coordinator.fastpath import match_hot
 from distronet.coordinator.local import local_coordinator
-from distronet.node.coordinator_client import CoordinatorClient
+from distronet.node.daemon.coordinator_client import CoordinatorClient
 from distronet.protocol.coordinator_api import sign_request
 from distronet.protocol.identity import Identity
 

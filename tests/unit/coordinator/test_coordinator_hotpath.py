@@ -16,7 +16,7 @@ from distronet.coordinator import hotpath
 from distronet.coordinator.config import CoordinatorConfig
 from distronet.coordinator.hotpath import parse_head
 from distronet.coordinator.local import LocalCoordinator, local_coordinator
-from distronet.node.coordinator_client import CoordinatorClient
+from distronet.node.daemon.coordinator_client import CoordinatorClient
 from distronet.protocol.coordinator_api import sign_request
 from distronet.protocol.identity import Identity
 

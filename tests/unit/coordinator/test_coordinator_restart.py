@@ -10,7 +10,7 @@ from distronet.coordinator.app import CoordinatorApp
 from distronet.coordinator.config import CoordinatorConfig
 from distronet.coordinator.local import local_coordinator
 from distronet.coordinator.store import open_store
-from distronet.node.coordinator_client import CoordinatorClient, sign_receipt
+from distronet.node.daemon.coordinator_client import CoordinatorClient, sign_receipt
 from distronet.protocol.coordinator_api import CREATE_RUN
 from distronet.protocol.identity import Identity
 

@@ -115,7 +115,7 @@ async def test_join_tokens_expire_and_evicted_peers_stay_out(
 async def test_restart_restores_ledger_tokens_and_credited_steps(
     env: tuple[Coordinator, Clock, Store, EventBus], spec_factory: Callable[..., dict[str, Any]]
 ) -> None:
-    from distronet.node.coordinator_client import sign_receipt
+    from distronet.node.daemon.coordinator_client import sign_receipt
 
     svc, clock, store, _ = env
     run, _ = svc.create_run(CREATE_RUN.validate(spec_factory() | {"admission": {"policy": "token"}}))
@@ -146,7 +146,7 @@ async def test_many_acceptors_of_one_packet_cost_one_verify(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from distronet.coordinator import service as service_mod
-    from distronet.node.coordinator_client import sign_receipt
+    from distronet.node.daemon.coordinator_client import sign_receipt
 
     svc, _, _, _ = env
     run, _ = svc.create_run(CREATE_RUN.validate(spec_factory()))

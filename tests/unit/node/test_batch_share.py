@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distronet.node.batch_share import (
+from distronet.node.data.batch_share import (
     BatchShareError,
     SharedFeed,
     draw_windows,

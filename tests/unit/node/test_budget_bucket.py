@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from distronet.node.budget import EXACT, Bandwidth, BudgetExceeded, TokenBucket, format_rate, parse_rate
+from distronet.node.swarm.budget import EXACT, Bandwidth, BudgetExceeded, TokenBucket, format_rate, parse_rate
 from distronet.protocol.errors import ConfigError
 
 

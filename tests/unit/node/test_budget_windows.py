@@ -7,7 +7,7 @@ import asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distronet.node.budget import TokenBucket
+from distronet.node.swarm.budget import TokenBucket
 
 
 class FakeClock:

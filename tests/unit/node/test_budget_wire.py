@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from distronet.node.budget import EXACT, Bandwidth, TokenBucket, WireModel
+from distronet.node.swarm.budget import EXACT, Bandwidth, TokenBucket, WireModel
 from distronet.protocol.errors import ConfigError
 
 

@@ -9,12 +9,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from distronet.node.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from distronet.node.config import NodeConfig
-from distronet.node.daemon import Node, NodeState, NodeStateError
-from distronet.node.node_parts import bootstrap_addrs, exchange_config, optimizer_config
-from distronet.node.status import NodeStatus, StatusLine
-from distronet.node.trainer import ModelSpec, param_digest
+from distronet.node.daemon.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    load_checkpoint,
+    save_checkpoint,
+)
+from distronet.node.daemon.node import Node, NodeState, NodeStateError
+from distronet.node.daemon.parts import bootstrap_addrs, exchange_config, optimizer_config
+from distronet.node.daemon.status import NodeStatus, StatusLine
+from distronet.node.daemon.trainer import ModelSpec, param_digest
+from distronet.node.models.build import build_model
 from distronet.protocol.errors import ConfigError
 
 
@@ -34,7 +40,7 @@ async def test_an_absent_device_fails_before_the_coordinator_is_called(tmp_path:
     """An explicit device is checked (torch loaded first) before any network call; auto and cpu
     cannot fail and are picked after p2pd's start, while torch loads in the background."""
     from distronet.node.config import TrainConfig
-    from distronet.node.daemon import NodeError
+    from distronet.node.daemon.node import NodeError
     from distronet.node.exitcodes import ExitCode
 
     cfg = NodeConfig(
@@ -69,16 +75,17 @@ def test_bootstrap_addrs_append_peer_id_and_skip_self() -> None:
 
 def test_checkpoint_round_trip_and_wrong_run(tmp_path: Path) -> None:
     spec = ModelSpec.from_run({"depth": 1, "width": 32, "heads": 2, "context": 16, "seq_len": 16})
-    model = spec.build(torch.device("cpu"))
+    model = build_model(spec, torch.device("cpu"))
     path = tmp_path / "ck.pt"
     save_checkpoint(
         path, Checkpoint("r", 5, param_digest(model), model.state_dict(), {"state": {}, "param_groups": []})
     )
     ck = load_checkpoint(path, run_id="r")
     assert ck is not None and ck.step == 5
-    other = ModelSpec.from_run(
-        {"depth": 1, "width": 32, "heads": 2, "context": 16, "seq_len": 16, "seed": 9}
-    ).build(torch.device("cpu"))
+    other = build_model(
+        ModelSpec.from_run({"depth": 1, "width": 32, "heads": 2, "context": 16, "seq_len": 16, "seed": 9}),
+        torch.device("cpu"),
+    )
     other.load_state_dict(ck.model)
     assert param_digest(other) == ck.digest
     with pytest.raises(CheckpointError, match="belongs to run"):
@@ -133,8 +140,8 @@ def test_global_batch_parses_and_is_bounded() -> None:
 def test_shard_feed_draws_its_batch_then_reads_further() -> None:
     import numpy as np
 
-    from distronet.node.coordinator_client import Lease
-    from distronet.node.node_parts import ShardFeed
+    from distronet.node.daemon.coordinator_client import Lease
+    from distronet.node.daemon.parts import ShardFeed
 
     feed = ShardFeed(seed=1, peer=7, batch=3, seq_len=8)
     with pytest.raises(ConfigError, match="no shard"):

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 import pytest
 
 from distronet.node.config import NodeConfig
-from distronet.node.coordinator_client import CoordinatorClient
-from distronet.node.daemon import CLOSE_BUDGET_S, CLOSE_CAPS_S, Node, NodeState
+from distronet.node.daemon.coordinator_client import CoordinatorClient
+from distronet.node.daemon.node import CLOSE_BUDGET_S, CLOSE_CAPS_S, Node, NodeState
+from distronet.node.daemon.parts import awaiting
 from distronet.node.exitcodes import ExitCode
-from distronet.node.node_parts import awaiting
 from distronet.protocol.identity import Identity
 
 

@@ -7,15 +7,16 @@ import struct
 import pytest
 import torch
 
-from distronet.node.sync import load_state_blob, state_blob
-from distronet.node.trainer import ModelSpec, param_digest
+from distronet.node.catchup.state import load_state_blob, state_blob
+from distronet.node.daemon.trainer import ModelSpec, param_digest
+from distronet.node.models.build import build_model
 from distronet.protocol.errors import ConfigError
 
 SPEC = {"depth": 1, "width": 32, "heads": 2, "context": 16, "seq_len": 16}
 
 
 def model(seed: int) -> torch.nn.Module:
-    return ModelSpec.from_run({**SPEC, "seed": seed}).build(torch.device("cpu"))
+    return build_model(ModelSpec.from_run({**SPEC, "seed": seed}), torch.device("cpu"))
 
 
 def test_round_trip_with_optimizer_state_and_determinism() -> None:
@@ -44,7 +45,9 @@ def test_bad_blobs_are_refused_and_nothing_is_copied(cut: str) -> None:
         "truncated": blob[:-4],
         "trailing": blob + b"\0\0\0\0",
         "header": blob[:4] + struct.pack(">I", 10**9) + blob[8:],
-        "other_model": state_blob(3, ModelSpec.from_run({**SPEC, "width": 16}).build(torch.device("cpu"))),
+        "other_model": state_blob(
+            3, build_model(ModelSpec.from_run({**SPEC, "width": 16}), torch.device("cpu"))
+        ),
     }[cut]
     before = param_digest(b)
     with pytest.raises(ConfigError):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from distronet.node.swarm.manifest_ask import GONE, serve_manifest_request
+from distronet.node.exchange.manifest_ask import GONE, serve_manifest_request
 
 
 async def ask(

@@ -20,8 +20,8 @@ from torch import nn
 
 from distronet.node.backends import mlx_import_error, pick_backend
 from distronet.node.config import DEVICES
+from distronet.node.daemon.trainer import Trainer, param_digest
 from distronet.node.models.gpt import GPT, GPTConfig
-from distronet.node.trainer import Trainer, param_digest
 from distronet.protocol.errors import ConfigError
 
 CONFIGS = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distronet.node.models import GPT, GPTConfig
+from distronet.node.models.gpt import GPT, GPTConfig
 from distronet.protocol.errors import ConfigError
 
 TINY = GPTConfig(depth=2, width=32, heads=4, context=16)

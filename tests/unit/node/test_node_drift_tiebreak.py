@@ -7,7 +7,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from distronet.node.swarm.digests import state_to_adopt
+from distronet.node.catchup.digests import state_to_adopt
 
 A, B, C, D = (bytes([i]) * 32 for i in (1, 2, 3, 4))
 

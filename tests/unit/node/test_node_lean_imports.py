@@ -28,7 +28,7 @@ def test_hivemind_init_is_deferred_until_a_top_level_name_is_used() -> None:
 DYNAMO = """
 import sys
 import torch
-from distronet.node.node_parts import no_dynamo_for_optimizers
+from distronet.node.daemon.parts import no_dynamo_for_optimizers
 no_dynamo_for_optimizers()
 no_dynamo_for_optimizers()
 p = torch.nn.Parameter(torch.ones(3))
@@ -47,20 +47,20 @@ print("dynamo imported:", "torch._dynamo" in sys.modules)
 TORCHLESS = """
 import sys, warnings
 warnings.simplefilter("error")
-import distronet.node.daemon, distronet.node.join, distronet.node.model_spec
+import distronet.node.daemon.node, distronet.node.join, distronet.node.models.spec
 from distronet.node.cli import build_parser
 build_parser()  # every sub-command registered: `distro-node join` starts with this
-from distronet.node.model_spec import ModelSpec
+from distronet.node.models.spec import ModelSpec
 ModelSpec.from_run({"arch": "gpt", "depth": 2})
 assert "torch" not in sys.modules, "torch"
 from hivemind.utils import MSGPackSerializer, get_logger  # the cheap names: still no torch
 assert "torch" not in sys.modules, "torch via a cheap name"
-from distronet.node.node_parts import preload_torch, wait_torch
+from distronet.node.daemon.parts import preload_torch, wait_torch
 t = preload_torch()
 assert wait_torch(120) and not t.is_alive() and "torch" in sys.modules
 import hivemind.utils, hivemind.dht
 assert hivemind.utils.MPFuture.__name__ == "MPFuture" and hivemind.dht.DHT.__name__ == "DHT"
-from distronet.node.trainer import ModelSpec as Same
+from distronet.node.daemon.trainer import ModelSpec as Same
 assert Same is ModelSpec
 print("ok")
 """
@@ -83,7 +83,7 @@ def test_optimizers_work_without_importing_dynamo() -> None:
 
 def test_the_decoder_is_warmed_ahead_in_the_background() -> None:
     script = (
-        "import sys\nfrom distronet.node.node_parts import wait_decoder_warm, warm_decoder\n"
+        "import sys\nfrom distronet.node.daemon.parts import wait_decoder_warm, warm_decoder\n"
         "t = warm_decoder(); done = wait_decoder_warm(120)\n"
         "from distronet.kernels import coding_fast\n"
         "print(done and not t.is_alive(), coding_fast.use_jit() == coding_fast.HAVE_JIT)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distronet.node.node_loop import round_due
+from distronet.node.daemon.loops import round_due
 
 
 @dataclass

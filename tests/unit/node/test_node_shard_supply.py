@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from distronet.node import shard_supply
-from distronet.node.coordinator_client import CoordinatorUnreachable, Lease
-from distronet.node.shard_supply import ShardSupply
+from distronet.node.daemon.coordinator_client import CoordinatorUnreachable, Lease
+from distronet.node.data import shard_supply
+from distronet.node.data.shard_supply import ShardSupply
 
 
 def _lease(unit: int) -> Lease:

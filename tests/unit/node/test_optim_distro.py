@@ -172,7 +172,7 @@ def test_bad_arguments() -> None:
 def test_overlap_newcomer_adopting_a_state_applies_the_round_in_flight() -> None:
     """Overlap: a node that adopts the swarm's state at step t sent nothing for round t - 1, yet
     its first step collects and applies that round — and ends bit-identical with the donor."""
-    from distronet.node.sync import load_state_blob, state_blob
+    from distronet.node.catchup.state import load_state_blob, state_blob
 
     hub, cfg = MemoryHub(), preset("ours_k32", lr=0.01, overlap=True)
     ids = [_ident(i) for i in range(3)]

@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch import nn
 
+from distronet.node.catchup.state import load_state_blob, state_blob
 from distronet.node.exchange.memory import MemoryHub
 from distronet.node.optim.config import preset
 from distronet.node.optim.distro import DistroOptimizer
-from distronet.node.sync import load_state_blob, state_blob
 from distronet.protocol.errors import ConfigError
 from distronet.protocol.identity import Identity
 
@@ -94,8 +94,8 @@ def test_outer_momentum_changes_the_update() -> None:
 @pytest.mark.parametrize("overlap", [False, True])
 def test_outer_momentum_replicas_bit_identical_under_faults(overlap: bool) -> None:
     """Dropped, late, duplicated packets and a peer death: the survivors stay bit-identical."""
+    from distronet.node.bench.swarm_sim import SwarmFaults, param_digest, run_swarm
     from distronet.node.exchange.faulty import FaultPlan
-    from distronet.node.swarm_sim import SwarmFaults, param_digest, run_swarm
 
     torch.manual_seed(0)
     x = torch.randn(256, 96)

@@ -106,7 +106,7 @@ def test_overlap_lookahead_is_consensus_minus_next_lr_times_last_update(wd: floa
 def test_newcomer_adopting_around_overlap_start_matches_the_donor(predict: str, adopt_at: int) -> None:
     """``overlap_start=3``: a node adopting the state at the switch step or after it ends with
     the donor's consensus bit for bit (and, with the shared ``last`` guess, its parameters)."""
-    from distronet.node.sync import load_state_blob, state_blob
+    from distronet.node.catchup.state import load_state_blob, state_blob
 
     hub = MemoryHub()
     cfg = _cfg(overlap=True, overlap_start=3, overlap_predict=predict)

@@ -1,6 +1,6 @@
 """``DistroOptimizer.apply_replayed``: a replica that computed nothing for some rounds and applies
 the swarm's decided rounds in order holds, bit for bit, the consensus of the replicas that
-trained them, and then trains in step with them (``node/replay.py``)."""
+trained them, and then trains in step with them (``node/catchup/replay.py``)."""
 
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
+from distronet.node.catchup.replay import AHEAD, Replayed, replay_to_swarm
 from distronet.node.exchange.base import Round, RoundUnavailable
-from distronet.node.replay import AHEAD, Replayed, replay_to_swarm
 
 A, B, C = b"a" * 38, b"b" * 38, b"c" * 38
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from distronet.node.swarm.alone import NEAR_STEPS, PROBE_PEERS, RECHECK_S, AloneWatch
+from distronet.node.exchange.alone import NEAR_STEPS, PROBE_PEERS, RECHECK_S, AloneWatch
 
 
 class Behind(Exception):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from distronet.node.status import KEEP_ROUNDS, NodeStatus
-from distronet.node.swarm.holdback import HoldBack
+from distronet.node.daemon.status import KEEP_ROUNDS, NodeStatus
+from distronet.node.exchange.holdback import HoldBack
 
 A, B, C = b"a" * 38, b"b" * 38, b"c" * 38
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from distronet.node.swarm.manifest import may_lead
+from distronet.protocol.manifest import may_lead
 
 A, B, C, X = b"a", b"b", b"c", b"x"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import uvloop
 
-from distronet.node.budget import Bandwidth
+from distronet.node.swarm.budget import Bandwidth
 from distronet.node.swarm.pull import ContentStore, Puller, encode_request
 
 

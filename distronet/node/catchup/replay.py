@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from distronet.node.exchange.base import Round, RoundUnavailable
+from distronet.node.exchange.manifest_ask import AskStep, ask_newest, steps_of
 from distronet.node.swarm.control import peer_id
-from distronet.node.swarm.manifest_ask import AskStep, ask_newest, steps_of
 
 if TYPE_CHECKING:
-    from distronet.node.daemon import Node
+    from distronet.node.daemon.node import Node
 
 __all__ = ["AHEAD", "Replayed", "replay_node", "replay_to_swarm"]
 

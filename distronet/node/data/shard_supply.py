@@ -31,14 +31,14 @@ from typing import Any
 
 import aiohttp
 
-from distronet.node.coordinator_client import (
+from distronet.node.daemon.coordinator_client import (
     CoordinatorClient,
     CoordinatorClientError,
     CoordinatorRefused,
     Lease,
 )
 from distronet.node.data.errors import ShardIntegrityError
-from distronet.node.shards import fetch_shard, shard_tokens
+from distronet.node.data.shards import fetch_shard, shard_tokens
 
 __all__ = ["DOWNLOAD_S", "ShardSupply"]
 

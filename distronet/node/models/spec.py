@@ -8,14 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from distronet.protocol.errors import ConfigError
-
-if TYPE_CHECKING:
-    import torch
-
-    from distronet.node.models.gpt import GPT
 
 __all__ = ["MAX_GLOBAL_BATCH", "GPTConfig", "ModelSpec"]
 
@@ -95,8 +90,3 @@ class ModelSpec:
             limit = f"0 (off) or in batch..{MAX_GLOBAL_BATCH}"
             raise ConfigError(f"run model: global_batch must be {limit}, got {spec.global_batch}")
         return spec
-
-    def build(self, device: torch.device) -> GPT:
-        from distronet.node.models.gpt import GPT
-
-        return GPT(self.gpt, seed=self.seed).to(device)

@@ -77,6 +77,8 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from distronet.node.exchange.alone import PROBE_TIMEOUT_S, AloneWatch
+from distronet.node.exchange.asks import ManifestAsks
 from distronet.node.exchange.base import (
     ExchangeError,
     ExchangeStats,
@@ -84,24 +86,14 @@ from distronet.node.exchange.base import (
     Round,
     RoundUnavailable,
 )
-from distronet.node.swarm.alone import PROBE_TIMEOUT_S, AloneWatch
-from distronet.node.swarm.control import peer_id
-from distronet.node.swarm.errors import PullError, SwarmError
-from distronet.node.swarm.exchange_asks import ManifestAsks
-from distronet.node.swarm.exchange_types import ExchangeConfig, FellBehind, RoundState, manifest_topic
-from distronet.node.swarm.holdback import HoldBack
-from distronet.node.swarm.manifest import (
-    Entry,
-    RoundManifest,
-    leader_rank,
-    may_lead,
-    open_manifest,
-    seal_manifest,
-)
-from distronet.node.swarm.manifest_ask import (
+from distronet.node.exchange.holdback import HoldBack
+from distronet.node.exchange.manifest_ask import (
     MANIFEST_PULL_PROTOCOL,
     request_newest,
 )
+from distronet.node.exchange.types import ExchangeConfig, FellBehind, RoundState, manifest_topic
+from distronet.node.swarm.control import peer_id
+from distronet.node.swarm.errors import PullError, SwarmError
 from distronet.node.swarm.p2p import with_deadline
 from distronet.node.swarm.pubsub import Gossip, Subscription
 from distronet.node.swarm.pull import all_unreachable, nobody_holds
@@ -109,6 +101,14 @@ from distronet.node.swarm.stack import Swarm
 from distronet.protocol.announce import Announcement, open_announcement, seal_announcement
 from distronet.protocol.errors import RejectCode, Rejected
 from distronet.protocol.identity import peer_id_to_b58
+from distronet.protocol.manifest import (
+    Entry,
+    RoundManifest,
+    leader_rank,
+    may_lead,
+    open_manifest,
+    seal_manifest,
+)
 
 __all__ = [
     "MANIFEST_PULL_PROTOCOL",

@@ -13,7 +13,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from distronet.node.exchange.base import Exchange, ExchangeError, ExchangeStats, Round, RoundUnavailable
-from distronet.node.swarm.exchange import AsyncSwarmExchange
+from distronet.node.exchange.swarm import AsyncSwarmExchange
 
 __all__ = ["SwarmExchange"]
 

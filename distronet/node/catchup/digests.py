@@ -27,10 +27,8 @@ from collections import Counter, OrderedDict
 from collections.abc import Hashable, Mapping
 from typing import TypeVar
 
-from hivemind.p2p import PeerID
-from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
-
 from distronet.node.swarm.control import open_stream, write_stream
+from distronet.node.swarm.hivemind_shim import PeerID, StreamInfo
 from distronet.node.swarm.p2p import SwarmHost, with_deadline
 
 __all__ = ["DIGEST_PROTOCOL", "DigestBoard", "ask_digest", "state_to_adopt"]

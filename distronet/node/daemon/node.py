@@ -41,34 +41,33 @@ import time
 from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from distronet.node import node_parts as parts
-from distronet.node.batch_share import SharedFeed
+from distronet.node.catchup.digests import DigestBoard
+from distronet.node.catchup.replay import replay_node
+from distronet.node.catchup.statesync import NoNewerState, StateDonor, fetch_state
 from distronet.node.config import NodeConfig
-from distronet.node.coordinator_client import (
+from distronet.node.daemon import parts
+from distronet.node.daemon.coordinator_client import (
     CoordinatorClient,
     CoordinatorRefused,
     CoordinatorUnreachable,
     Lease,
 )
+from distronet.node.daemon.metrics import NodeMetrics
+from distronet.node.daemon.status import NodeStatus, StatusFile
+from distronet.node.data.batch_share import SharedFeed
+from distronet.node.data.shard_supply import DOWNLOAD_S, ShardSupply
+from distronet.node.exchange.swarm import AsyncSwarmExchange, manifest_topic
+from distronet.node.exchange.sync import SwarmExchange
 from distronet.node.exitcodes import ExitCode
-from distronet.node.metrics import NodeMetrics
-from distronet.node.model_spec import ModelSpec
-from distronet.node.replay import replay_node
-from distronet.node.shard_supply import DOWNLOAD_S, ShardSupply
-from distronet.node.status import NodeStatus, StatusFile
-from distronet.node.swarm.digests import DigestBoard
+from distronet.node.models.spec import ModelSpec
 from distronet.node.swarm.errors import SwarmError
-from distronet.node.swarm.exchange import AsyncSwarmExchange, manifest_topic
-from distronet.node.swarm.exchange_sync import SwarmExchange
 from distronet.node.swarm.stack import Swarm
-from distronet.node.swarm.statesync import NoNewerState, StateDonor, fetch_state
 from distronet.protocol.errors import ConfigError, DistroError
 
 if TYPE_CHECKING:  # torch's modules load in a background thread while the node connects (_backend)
-    from hivemind.p2p import PeerID
-
     from distronet.node.backends import ComputeBackend
-    from distronet.node.trainer import BatchSource
+    from distronet.node.daemon.trainer import BatchSource
+    from distronet.node.swarm.hivemind_shim import PeerID
 
 __all__ = ["Node", "NodeError", "NodeState", "NodeStateError"]
 
@@ -256,15 +255,16 @@ class Node:
         cfg = self.cfg
         import torch
 
-        from distronet.node.checkpoint import load_checkpoint
+        from distronet.node.catchup.state import state_blob
+        from distronet.node.daemon.checkpoint import load_checkpoint
+        from distronet.node.daemon.trainer import Trainer
+        from distronet.node.models.build import build_model
         from distronet.node.optim.distro import DistroOptimizer
-        from distronet.node.sync import state_blob
-        from distronet.node.trainer import Trainer
 
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         assert self.core is not None
-        model = spec.build(self.backend.device)
+        model = build_model(spec, self.backend.device)
         self.exchange = SwarmExchange(self.core, asyncio.get_running_loop())
         self.optimizer = DistroOptimizer(model.named_parameters(), dcfg, self.exchange, self.identity)
         self.feed = parts.ShardFeed(
@@ -319,7 +319,7 @@ class Node:
 
         Raises ``NodeError`` when the run cannot go on (no peers in time, no shard, ...).
         """
-        from distronet.node import node_loop
+        from distronet.node.daemon import loops as node_loop
 
         self._tasks.append(asyncio.create_task(node_loop.heartbeats(self), name="heartbeats"))
         self._tasks.append(asyncio.create_task(node_loop.watch_links(self), name="gossip links"))
@@ -351,7 +351,7 @@ class Node:
                 body.cancel()
 
     async def _run_body(self) -> ExitCode:
-        from distronet.node import node_loop
+        from distronet.node.daemon import loops as node_loop
 
         try:
             self.stage = "waiting for peers"
@@ -381,7 +381,7 @@ class Node:
 
     async def next_shard(self) -> None:
         """Complete the current lease (if any) and switch to the next shard, fetched one ahead
-        (``node/shard_supply.py``: a boundary never waits for a slow coordinator).
+        (``node/data/shard_supply.py``: a boundary never waits for a slow coordinator).
 
         Keeps training on the old shard when no new one is here yet (it is completed only once:
         the report is queued while the coordinator is down and replayed later). Raises
@@ -438,7 +438,7 @@ class Node:
 
         ``donors``: fetch only from these peers (the drift check's winning group: our state
         differs, so no replay); default: every peer on the run's topic, and a node a few rounds
-        behind replays them instead (``node/replay.py``; ``joining``: a swarm at most one step
+        behind replays them instead (``node/catchup/replay.py``; ``joining``: a swarm at most one step
         ahead is in step with us, nothing is downloaded). A downloaded state restarts momentum at
         zero (ARCHITECTURE.md §5). Raises nothing for a swarm that has no newer state;
         ``ExchangeError``-free: the exchange is reused as it is.
@@ -473,8 +473,8 @@ class Node:
             return False
         if manifest.step <= newer_than:
             return False
+        from distronet.node.catchup.state import load_state_blob
         from distronet.node.optim.distro import DistroOptimizer
-        from distronet.node.sync import load_state_blob
 
         model = self.trainer.model
         fresh = DistroOptimizer(model.named_parameters(), self.dcfg, self.exchange, self.identity)
@@ -505,7 +505,7 @@ class Node:
         """``(step, state blob)`` of the next step boundary (now, if no step is running): what the
         donor serves on request. Copies params + replicated optimizer state once (~10 ms for the
         default model, in a worker thread); the next step waits for that copy."""
-        from distronet.node.sync import state_blob
+        from distronet.node.catchup.state import state_blob
 
         async with self.model_lock:
             step = self.step
@@ -513,7 +513,7 @@ class Node:
 
     def checkpoint(self) -> None:
         """Save model + optimizer at ``self.step`` (the next step to run). Runs on the caller's thread."""
-        from distronet.node.checkpoint import Checkpoint, save_checkpoint
+        from distronet.node.daemon.checkpoint import Checkpoint, save_checkpoint
 
         model = self.trainer.model
         save_checkpoint(

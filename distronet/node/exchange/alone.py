@@ -27,8 +27,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Collection
 
-from distronet.node.swarm.manifest import leader_rank
-from distronet.node.swarm.manifest_ask import PROBE_PEERS, AskStep, steps_of
+from distronet.node.exchange.manifest_ask import PROBE_PEERS, AskStep, steps_of
+from distronet.protocol.manifest import leader_rank
 
 __all__ = ["NEAR_STEPS", "PROBE_PEERS", "PROBE_TIMEOUT_S", "RECHECK_S", "AloneWatch", "MakeFellBehind"]
 

@@ -9,10 +9,10 @@ import asyncio
 from dataclasses import dataclass, field
 
 from distronet.node.exchange.base import Round, RoundUnavailable
-from distronet.node.swarm.manifest import RoundManifest
 from distronet.protocol.announce import Announcement
 from distronet.protocol.errors import ConfigError
 from distronet.protocol.limits import DEFAULT_LIMITS, Limits
+from distronet.protocol.manifest import RoundManifest
 
 __all__ = ["ExchangeConfig", "FellBehind", "RoundState", "manifest_topic"]
 
@@ -42,7 +42,7 @@ class ExchangeConfig:
     pull_timeout_s: float = 30.0
     retention: int = 32
     """Rounds kept (their frames, announcements and manifests): how far a late pull, a replay
-    (``node/replay.py``: up to ``retention - 4`` rounds) or a held announcement reaches back."""
+    (``node/catchup/replay.py``: up to ``retention - 4`` rounds) or a held announcement reaches back."""
     max_manifest_entries: int = 1024
     warmup_mask_steps: int = 3
     """Steps a replica that adopted the swarm's state publishes masked packets (``exchange`` doc)."""

@@ -12,12 +12,17 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from distronet.node.exchange.base import Round, RoundUnavailable
+from distronet.node.exchange.manifest_ask import (
+    GONE,
+    request_decided,
+    request_manifest,
+    serve_manifest_request,
+)
+from distronet.node.exchange.types import ExchangeConfig, RoundState
 from distronet.node.swarm.control import peer_id
-from distronet.node.swarm.exchange_types import ExchangeConfig, RoundState
-from distronet.node.swarm.manifest import RoundManifest, encode_manifest, leader_rank
-from distronet.node.swarm.manifest_ask import GONE, request_decided, request_manifest, serve_manifest_request
 from distronet.protocol.errors import RejectCode, Rejected
 from distronet.protocol.identity import peer_id_to_b58
+from distronet.protocol.manifest import RoundManifest, encode_manifest, leader_rank
 
 if TYPE_CHECKING:
     from distronet.node.swarm.stack import Swarm
@@ -89,7 +94,7 @@ class ManifestAsks:
 
     async def replay(self, step: int, sources: list[bytes], timeout: float) -> Round | None:
         """The accepted set the first of ``sources`` that answers applied for ``step``, its frames
-        pulled (``node/replay.py``); None when that peer has not decided it (yet). Raises
+        pulled (``node/catchup/replay.py``); None when that peer has not decided it (yet). Raises
         ``RoundUnavailable`` when the step is older than our window or the peer's, when no source
         answers with a valid manifest, or when a listed frame cannot be pulled."""
         held = self._rounds.get(step)

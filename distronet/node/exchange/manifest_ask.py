@@ -18,7 +18,7 @@ its topic's peers before applying a round that only it produced (``exchange``, "
 
 and "which accepted set did you apply for this step?" (``request_decided``), which a replica
 that is a few rounds behind asks to replay those rounds instead of downloading a whole state
-(``node/replay.py``)::
+(``node/catchup/replay.py``)::
 
     request   b"DNR?" | step u64                              12 bytes
     response  n u32 | n bytes: the manifest it adopted        n = 0: not decided there (yet);
@@ -31,9 +31,8 @@ import asyncio
 import struct
 from collections.abc import Awaitable, Callable, Collection
 
-from hivemind.p2p import PeerID
-
 from distronet.node.swarm.control import open_stream, write_stream
+from distronet.node.swarm.hivemind_shim import PeerID
 
 __all__ = [
     "GONE",
@@ -57,7 +56,7 @@ _DECIDED = b"DNR?"
 GONE = b"G"  # a decided-round answer: that step is older than the peer's window
 _MAX_STEP = 2**62  # a larger step read off the wire is malformed
 _SERVE_TIMEOUT_S = 10.0
-PROBE_PEERS = 4  # peers asked at once which step they are at (swarm.alone, node/replay.py)
+PROBE_PEERS = 4  # peers asked at once which step they are at (swarm.alone, node/catchup/replay.py)
 
 
 async def _request(control_path: str, peer: PeerID, request: bytes, timeout: float) -> bytes | None:

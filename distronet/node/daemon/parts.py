@@ -23,14 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from distronet.node.batch_share import draw_windows
-from distronet.node.budget import Bandwidth
 from distronet.node.config import NodeConfig
-from distronet.node.coordinator_client import Lease
+from distronet.node.daemon.coordinator_client import Lease
+from distronet.node.data.batch_share import draw_windows
 from distronet.node.data.order import BatchOrder
+from distronet.node.exchange.swarm import ExchangeConfig
 from distronet.node.optim.config import DistroConfig, preset
+from distronet.node.swarm.budget import Bandwidth
 from distronet.node.swarm.errors import SwarmError
-from distronet.node.swarm.exchange import ExchangeConfig
 from distronet.node.swarm.membership import MembershipConfig
 from distronet.node.swarm.p2p import SwarmConfig
 from distronet.node.swarm.stack import Swarm

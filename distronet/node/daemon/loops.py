@@ -14,20 +14,19 @@ import math
 import time
 from typing import TYPE_CHECKING
 
-from distronet.node.coordinator_client import CoordinatorClientError
+from distronet.node.daemon.coordinator_client import CoordinatorClientError
+from distronet.node.daemon.parts import bootstrap_addrs, wait_decoder_warm
+from distronet.node.daemon.status import StatusLine
+from distronet.node.daemon.trainer import StepResult, Trainer
 from distronet.node.exchange.base import ExchangeError, PeerDead
+from distronet.node.exchange.swarm import FellBehind
 from distronet.node.exitcodes import ExitCode
-from distronet.node.node_parts import bootstrap_addrs, wait_decoder_warm
-from distronet.node.status import StatusLine
 from distronet.node.swarm.errors import SwarmError
-from distronet.node.swarm.exchange import FellBehind
-from distronet.node.trainer import StepResult, Trainer
 from distronet.protocol.identity import peer_id_to_b58
 
 if TYPE_CHECKING:
-    from hivemind.p2p import PeerID
-
-    from distronet.node.daemon import Node
+    from distronet.node.daemon.node import Node
+    from distronet.node.swarm.hivemind_shim import PeerID
 
 __all__ = ["discover", "heartbeats", "round_due", "train", "wait_for_peers", "watch_links"]
 
@@ -40,7 +39,7 @@ async def discover(node: Node) -> int:
 
     Returns how many dials succeeded. Never raises for an unreachable coordinator or peer.
     """
-    from distronet.node.daemon import CALL_S
+    from distronet.node.daemon.node import CALL_S
 
     assert node.client is not None and node.swarm is not None
     try:
@@ -87,7 +86,7 @@ async def watch_links(node: Node, period: float = 3.0) -> None:
     """Every ``period`` seconds: re-dial members that are missing from our gossip topics
     (``swarm.links``: a connection whose pubsub hello was lost, seen as a one-way partition in
     shaped runs). Runs until cancelled; a check that fails or runs late is skipped."""
-    from distronet.node.swarm.exchange import manifest_topic
+    from distronet.node.exchange.swarm import manifest_topic
     from distronet.node.swarm.links import LinkWatch, repair_links
 
     if node.swarm is None:
@@ -105,7 +104,7 @@ async def watch_links(node: Node, period: float = 3.0) -> None:
 async def wait_for_peers(node: Node) -> None:
     """Until ``min_peers`` nodes (this one included) share both gossip topics, dialling the
     coordinator's peers meanwhile. Raises ``NodeError(NETWORK)`` after ``start_timeout_s``."""
-    from distronet.node.daemon import NodeError
+    from distronet.node.daemon.node import NodeError
 
     want = max(node.cfg.train.min_peers - 1, 1 if node.run_has_peers else 0)
     end = time.monotonic() + node.cfg.train.start_timeout_s
@@ -228,7 +227,7 @@ async def drift_check(node: Node) -> list[PeerID] | None:
     gets there). Returns the peers whose state we should adopt (``digests.state_to_adopt``: the
     largest group of equal digests, ties to the smallest digest, wins; its members keep their
     state), or None to keep ours. Never raises for silent or unreachable peers."""
-    from distronet.node.swarm.digests import ask_digest, state_to_adopt
+    from distronet.node.catchup.digests import ask_digest, state_to_adopt
 
     assert node.swarm is not None and node.board is not None
     done = node.step - 1
@@ -295,7 +294,7 @@ class _DriftWatch:
 async def _resync(node: Node, err: Exception) -> None:
     """After a failed round our parameters may differ from the swarm's: adopt the swarm's newer
     state. Raises ``NodeError(NETWORK)`` when none comes within ``shutdown_timeout_s``."""
-    from distronet.node.daemon import NodeError
+    from distronet.node.daemon.node import NodeError
 
     if isinstance(err, FellBehind):
         node.status.fell_behind += 1

@@ -31,11 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import msgpack
-from hivemind.p2p import PeerID
-from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
 from distronet.node.swarm.control import open_stream, write_stream
 from distronet.node.swarm.errors import PullError, PullTimeout
+from distronet.node.swarm.hivemind_shim import PeerID, StreamInfo
 from distronet.node.swarm.pull import ContentStore, Puller
 from distronet.node.swarm.stack import Swarm
 from distronet.protocol.errors import RejectCode, Rejected

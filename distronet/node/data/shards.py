@@ -13,7 +13,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
-from distronet.node.coordinator_client import Lease
+from distronet.node.daemon.coordinator_client import Lease
 from distronet.node.data.errors import ShardIntegrityError
 
 __all__ = ["fetch_shard", "shard_tokens"]

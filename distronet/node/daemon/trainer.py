@@ -19,8 +19,8 @@ from blake3 import blake3
 from torch import nn
 
 from distronet.node.backends import ComputeBackend, TorchBackend, pick_backend
-from distronet.node.model_spec import ModelSpec
 from distronet.node.models.gpt import GPT
+from distronet.node.models.spec import ModelSpec
 
 __all__ = [
     "ModelSpec",

@@ -41,14 +41,16 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
-from distronet.node.batch_share import loss_weight, takeover
+from distronet.node.daemon.trainer import (
+    param_digest,  # re-exported: the digest tests and the bench compare
+)
+from distronet.node.data.batch_share import loss_weight, takeover
 from distronet.node.exchange.base import PeerDead
 from distronet.node.exchange.faulty import FaultPlan, FaultyExchange, FaultyLinks
 from distronet.node.exchange.memory import MemoryHub
 from distronet.node.optim.config import DistroConfig
 from distronet.node.optim.distro import DistroOptimizer
 from distronet.node.optim.packets import DecodeCache
-from distronet.node.trainer import param_digest  # re-exported: the digest tests and the bench compare
 from distronet.protocol.errors import ConfigError
 from distronet.protocol.identity import Identity
 

@@ -87,7 +87,7 @@ class StepPacket:
         return hashlib.sha256(self.payload).digest()
 
 
-_verify = verify  # by libsodium (``identity.verify``); a name of its own for docs/scripts' A/B swap
+_verify = verify  # by libsodium (``identity.verify``); a module-level name so a benchmark can swap it
 
 
 def check_run_id(run_id: object, limits: Limits = DEFAULT_LIMITS) -> bool:

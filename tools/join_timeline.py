@@ -1,13 +1,13 @@
-"""Where a newcomer's join time goes: `bench network`'s join run, the newcomer logging at info (lead, session 11).
+"""Where a newcomer's join time goes, phase by phase.
 
-    git worktree add /tmp/old-tree <rev>
-    .venv/bin/python docs/scripts/join_timeline.py /tmp/join-tl 3 [/tmp/old-tree]
+    python tools/join_timeline.py WORK_DIR RUNS [OLD_TREE]
 
-``network_run.join_to_first_accept`` itself (3 nodes of the default GPT training on loopback, then
-a newcomer), ``PAIRS`` times; with an old tree, old and new alternate (the old one through
-``PYTHONPATH``, see ``join_ab.py``). For each run it prints the seconds from starting the
-newcomer's process to each of its log lines below, and to the first round a peer applied with its
-packet (the bench's figure).
+Runs ``network_run.join_to_first_accept`` (``bench network``'s join run: 3 nodes of the default
+GPT training on loopback, then a newcomer at ``--log-level info``) ``RUNS`` times and prints, for
+each run, the seconds from starting the newcomer's process to each of its log lines in ``MARKS``
+and to the first round a peer applied with its packet (the bench's ``join_to_first_accept_s``),
+then the medians. With ``OLD_TREE`` (a checkout of another commit, e.g. ``git worktree add
+/tmp/old REV``) old and new alternate, the old one first on ``PYTHONPATH``.
 """
 
 import datetime as dt
@@ -16,8 +16,6 @@ import shutil
 import statistics
 import sys
 from pathlib import Path
-
-from join_ab import shim
 
 from distronet.node.bench.network import DEFAULT_MODEL
 from distronet.node.bench.network_run import join_to_first_accept
@@ -39,12 +37,13 @@ def _stamp(line: str) -> float | None:
 
 
 def timeline(folder: Path, env: dict[str, str]) -> dict[str, float]:
+    """One join run in an emptied ``folder`` with ``env`` as the swarm's environment."""
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     saved = dict(os.environ)
     os.environ.clear()
     os.environ.update(env)  # the swarm's processes inherit it
-    try:  # bench network's own join run, round deadline as its --join-deadline-s default
+    try:  # round deadline as bench network's --join-deadline-s default
         joined = join_to_first_accept(
             folder, model=DEFAULT_MODEL, peers=3, round_deadline_s=0.5, newcomer_args=("--log-level", "info")
         )
@@ -61,30 +60,23 @@ def timeline(folder: Path, env: dict[str, str]) -> dict[str, float]:
 
 
 def main() -> None:
-    work, pairs = Path(sys.argv[1]), int(sys.argv[2])
+    work, runs_wanted = Path(sys.argv[1]), int(sys.argv[2])
     trees = {"new": dict(os.environ)}
     if len(sys.argv) > 3:
-        trees = {"old": {**os.environ, "PYTHONPATH": str(shim(Path(sys.argv[3]), work))}, **trees}
+        trees = {"old": {**os.environ, "PYTHONPATH": str(Path(sys.argv[3]).resolve())}, **trees}
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
-    for i in range(pairs):
+    for i in range(runs_wanted):
         for name, env in trees.items():
             tl = timeline(work / f"{name}{i}", env)
             runs[name].append(tl)
-            print(
-                name,
-                i,
-                " ".join(f"{k}={v:.2f}" for k, v in sorted(tl.items(), key=lambda kv: kv[1])),
-                flush=True,
-            )
+            phases = " ".join(f"{k}={v:.2f}" for k, v in sorted(tl.items(), key=lambda kv: kv[1]))
+            print(name, i, phases, flush=True)
     for name, tls in runs.items():
         keys = sorted(
             {k for tl in tls for k in tl}, key=lambda k: statistics.median(tl.get(k, 0) for tl in tls)
         )
-        print(
-            name,
-            "medians:",
-            ", ".join(f"{k} {statistics.median(tl[k] for tl in tls if k in tl):.2f}" for k in keys),
-        )
+        medians = ", ".join(f"{k} {statistics.median(tl[k] for tl in tls if k in tl):.2f}" for k in keys)
+        print(name, "medians:", medians)
 
 
 if __name__ == "__main__":

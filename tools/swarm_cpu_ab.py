@@ -1,4 +1,4 @@
-"""Per-thread CPU of one node of a 4-node loopback swarm, per step (lead, session 10).
+"""Per-thread CPU of one node of a 4-node loopback swarm, per step.
 
 Starts a coordinator and 4 real nodes on loopback (``demo.LocalSwarm``) training the default GPT
 with ``bench network``'s batch (8 x 64), waits until all are
@@ -8,7 +8,7 @@ over ``SECONDS`` and prints ms of CPU per step of each. The environment is passe
 alternating a setting, e.g. p2pd's garbage collector (or ``NODE_ARGS="--gossip-heartbeat-s 1"``):
 
     for i in 1 2; do for g in 100 400; do
-      GOGC=$g .venv/bin/python docs/scripts/swarm_cpu_ab.py /tmp/swarm-ab 15; done; done
+      GOGC=$g python tools/swarm_cpu_ab.py /tmp/swarm-ab 15; done; done
 """
 
 import contextlib
@@ -19,9 +19,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from distronet.node.bench.network import DEFAULT_MODEL as BENCH_MODEL
 from distronet.node.demo import LocalSwarm, write_run
-
-BENCH_MODEL = {"arch": "gpt", "seed": 0, "batch": 8, "seq_len": 64}  # bench network's default GPT
 
 
 def children(pid: int) -> list[int]:
@@ -40,8 +39,8 @@ def children(pid: int) -> list[int]:
 
 def thread_cpu(pid: int) -> dict[int, float]:
     """CPU seconds of each thread of ``pid``, by thread id (``schedstat``: nanoseconds)."""
-    return {int(t): int(Path(f"/proc/{pid}/task/{t}/schedstat").read_text().split()[0]) / 1e9
-            for t in os.listdir(f"/proc/{pid}/task")}  # fmt: skip
+    task = Path(f"/proc/{pid}/task")
+    return {int(t): int((task / t / "schedstat").read_text().split()[0]) / 1e9 for t in os.listdir(task)}
 
 
 @contextlib.contextmanager
@@ -83,8 +82,11 @@ def main(folder: Path, seconds: float) -> None:
         steps = s1 - s0
         busy = sorted(((t1[t] - t0.get(t, 0.0)) * 1e3 / steps for t in t1), reverse=True)
         p2pd = (k1 - k0) * 1e3 / steps
-        print(f"GOGC={os.environ.get('GOGC', '-')} {' '.join(extra)} steps {steps} ({steps / seconds:.2f}/s); ms CPU a step: "
-              f"training thread {busy[0]:.1f}, event loop {busy[1]:.1f}, p2pd {p2pd:.1f}")  # fmt: skip
+        setting = f"GOGC={os.environ.get('GOGC', '-')} {' '.join(extra)}"
+        print(
+            f"{setting} steps {steps} ({steps / seconds:.2f}/s); ms CPU a step: "
+            f"training thread {busy[0]:.1f}, event loop {busy[1]:.1f}, p2pd {p2pd:.1f}"
+        )
 
 
 if __name__ == "__main__":

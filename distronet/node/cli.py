@@ -21,14 +21,14 @@ GOMP_SPINCOUNT = "20000"
 before they sleep. libgomp's default (300,000 spins, several ms) keeps the second core busy
 after every inverse DCT and matmul, starving the threads that open frames, the event loop and
 p2pd; 20,000 hands the core back within ~0.1 ms while still catching back-to-back regions.
-Side by side (docs/benchmarks.md, session 6): GPT k=32 decode 16/1 2.0-2.4 instead of
+Side by side (docs/decisions/gomp-spincount.md): GPT k=32 decode 16/1 2.0-2.4 instead of
 2.2-2.9 and the one-packet decode 3.4-3.9 ms instead of 4.7-5.2 ms; a training step unchanged
 within noise. Set before torch loads (libgomp reads it once); a value in the environment wins."""
 
 GOGC = "400"
 """Go's garbage-collector target for p2pd (started by the node, it inherits our environment):
 its small heap is collected a quarter as often as with Go's default (100), ~1 ms less CPU a step
-in a 4-node swarm (docs/benchmarks.md, session 10). A value in the environment wins."""
+in a 4-node swarm (docs/decisions/gogc.md). A value in the environment wins."""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -48,10 +48,9 @@ from distronet.node.demo import LocalSwarm, wait_identical, wait_until, write_ru
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(300)]
 SEED = 5
 SHARD_TOKENS = 4096  # 8 steps of the tiny model's 8 x 64 tokens
-# The issue promises 10 s. On this project's shared 2-core box the measured distribution (see
-# docs/benchmarks.md, "newcomer in step") is ~8-9 s at load ~3-5 and 11-19 s at load 8-12 (the
-# first step alone loads numba's JIT cache for the payload decoder: 1-3 CPU-s). A CI-safe bound
-# that still catches a stuck or slow catch-up (it was 15-27 s before the start-up cuts):
+# The issue promises 10 s. On a shared 2-core box the measured distribution is ~4-5 s quiet,
+# ~8-9 s at load ~3-5 and 11-19 s at load 8-12 (the first step alone loads numba's JIT cache for
+# the payload decoder: 1-3 CPU-s). A CI-safe bound that still catches a stuck or slow catch-up:
 NEWCOMER_S = 30.0
 
 

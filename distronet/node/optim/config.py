@@ -7,7 +7,7 @@ Presets (``preset(name, **overrides)``):
   inverse-transformed aggregate.
 * ``psyche`` — Psyche's production settings: β 0.995, k 4, 1-bit values, sign update.
 * ``ours_k32`` / ``ours_k4_1bit`` — our configurations (chosen side by side on the convergence
-  benchmark; see docs/benchmarks.md): β 0.95, exact error feedback, 1-D tensors (norms, biases)
+  benchmark, docs/decisions/): β 0.95, exact error feedback, 1-D tensors (norms, biases)
   sent dense (k=32) / target chunk 48 with 1-D tensors top-k like the rest (k=4), Muon-style
   orthogonalised update of the hidden matrices and an Adam-normalised update (second moment of
   the aggregate, identical on every replica) for embeddings, the output head and 1-D tensors.
@@ -190,7 +190,7 @@ _OURS: dict[str, Any] = dict(
     warmup_steps=20,
 )
 """What our presets share: Muon-style orthogonalised update on hidden matrices, an Adam-normalised
-aggregate elsewhere, 1-D tensors sent dense, entropy-coded indices (benchmarks.md, optimizer study)."""
+aggregate elsewhere, 1-D tensors sent dense, entropy-coded indices (docs/decisions/optimizer-presets.md)."""
 
 PRESETS: dict[str, dict[str, Any]] = {
     "demo_reference": dict(
@@ -215,7 +215,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # k=4 spends the 1,000x byte budget on density: target chunk 48 (32x32 and 48x32 blocks, ~4x
     # the coefficients of 64x64 ones) and 1-D tensors top-k too (sent dense at 1 bit they were a
     # third of the packet); the denser extraction drains the residual faster, so β 0.95 (4x600,
-    # seed 0: 1.9578 vs 2.1064 for chunk 64 + dense 1-D + β 0.98; docs/benchmarks.md, "k=4 density").
+    # seed 0: 1.9578 vs 2.1064 for chunk 64 + dense 1-D + β 0.98; docs/decisions/k4-density.md).
     "ours_k4_1bit": dict(
         _OURS,
         k=4,

@@ -28,7 +28,7 @@ to round t − 1's aggregate with this peer's part swapped for its packet of ste
 (``overlap_eager.py``; measured worse than ``"own"``: the other peers' stale parts are noise).
 Consecutive DisTrO updates are nearly uncorrelated (top-k extraction drains what was sent), so
 ``"last"`` predicts U_t poorly (cosine ≈ 0.05 on the default GPT) and ``"own"`` best (≈ 0.45;
-docs/benchmarks.md). ``flush()`` applies the last round and sets θ = θ̄.
+docs/decisions/overlap.md). ``flush()`` applies the last round and sets θ = θ̄.
 
 Replicas sharing a ``DecodeCache`` (the in-process swarm) also share each round's aggregate and
 stateless update directions, computed once per round instead of once per replica.

@@ -1,4 +1,4 @@
-"""The digest protocol, version 1: a peer's parameter digest after one step (docs/protocol.md §13.4).
+"""The digest protocol, version 1: a peer's parameter digest after one step (docs/protocol.md §14.4).
 
 One request per stream, one answer, then the server closes::
 

@@ -92,7 +92,7 @@ DEFAULT_LIMITS = Limits()
 
 @dataclass(frozen=True)
 class StreamLimits:
-    """Limits of the direct-stream protocols (docs/protocol.md section 13). Inclusive maxima.
+    """Limits of the direct-stream protocols (docs/protocol.md section 14.6). Inclusive maxima.
 
     These bound what one node reads from one stream before it allocates or loops; unlike
     ``Limits`` they are a node's own choice, not a run's contract (a node that asks for less

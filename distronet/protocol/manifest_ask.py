@@ -1,4 +1,4 @@
-"""The manifest-ask protocol, version 1: three questions about rounds (docs/protocol.md §13.3).
+"""The manifest-ask protocol, version 1: three questions about rounds (docs/protocol.md §14.3).
 
 One request per stream, one answer, then the server closes::
 

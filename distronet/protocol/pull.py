@@ -1,4 +1,4 @@
-"""The pull protocol, version 1: content by sha256 over a direct stream (docs/protocol.md §13.2).
+"""The pull protocol, version 1: content by sha256 over a direct stream (docs/protocol.md §14.2).
 
 Requests follow one another on one stream; each is answered before the next is read::
 

@@ -1,4 +1,4 @@
-"""The state protocols, version 1: a donor's signed state manifest and its chunks (docs/protocol.md §13.5).
+"""The state protocols, version 1: a donor's signed state manifest and its chunks (docs/protocol.md §14.5).
 
 ``/distronet/state-manifest/1`` — one request per stream, one answer, then the server closes::
 

@@ -9,7 +9,7 @@ state (parameters + replicated optimizer state, ~7 MB for the default model) on 
 The answer is not signed: the stream's peer is authenticated by libp2p (Noise), and a digest only
 decides whether *we* resync, which a lying peer could cause with a signed manifest just as well.
 
-Wire: ``distronet.protocol.digest`` (docs/protocol.md §13.4): a 12-byte request naming the step,
+Wire: ``distronet.protocol.digest`` (docs/protocol.md §14.4): a 12-byte request naming the step,
 an answer of a status byte and (found) the 32-byte digest; served through the swarm's servicer.
 
 A peer asked for the step it is computing right now waits (at most ``wait_s``) for it to finish

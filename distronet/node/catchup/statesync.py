@@ -12,7 +12,7 @@ spread over those donors (at most ``per_donor`` chunks in flight at each,
 so no donor is overloaded), retrying a failed chunk at another donor. Every chunk is hash-checked
 and, with a ``cache_dir``, written there as soon as it verifies, so a restarted fetch resumes.
 
-Wire: ``distronet.protocol.state`` (docs/protocol.md §13.5): the manifest ask is 4 bytes, its
+Wire: ``distronet.protocol.state`` (docs/protocol.md §14.5): the manifest ask is 4 bytes, its
 answer a status, a length and the signed msgpack manifest; chunks travel on the pull wire under
 ``STATE_PULL_PROTOCOL``. Both are served through the swarm's servicer.
 """

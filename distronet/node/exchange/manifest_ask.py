@@ -7,7 +7,7 @@ applying a round that only it produced (``exchange``, "Alone"), and "which accep
 apply for this step?" (``request_decided``), which a replica a few rounds behind asks to replay
 those rounds instead of downloading a whole state (``node/catchup/replay.py``).
 
-Wire: ``distronet.protocol.manifest_ask`` (docs/protocol.md §13.3): a 12-byte request (tag,
+Wire: ``distronet.protocol.manifest_ask`` (docs/protocol.md §14.3): a 12-byte request (tag,
 step), a ``u32 n`` answer of at most ``max_manifest_answer_bytes``. An answered manifest is
 opened and checked like a gossiped one (``protocol.manifest.open_manifest``) by the caller.
 Served through the swarm's servicer (:func:`manifest_route`).

@@ -1,6 +1,6 @@
 """Payloads pulled over direct libp2p streams by content hash (sha256), with a small store.
 
-Wire (protocol ``/distronet/pull/1``): ``distronet.protocol.pull`` (docs/protocol.md §13.2);
+Wire (protocol ``/distronet/pull/1``): ``distronet.protocol.pull`` (docs/protocol.md §14.2);
 requests one after another on a stream, each answered with a status, a size and (OK) the bytes.
 
 ``NOT_FOUND``: the server never held the content (as far as it remembers); ``PRUNED``: it held it
@@ -155,7 +155,7 @@ class Puller:
     ) -> None:
         self.host, self.store, self.bandwidth = host, store, bandwidth
         self.serve_timeout_s, self.protocol = serve_timeout_s, protocol
-        self.reuse_streams, self.idle_timeout_s = reuse_streams, idle_timeout_s
+        self.reuse_streams, self._idle_timeout_s = reuse_streams, idle_timeout_s
         self.served = 0
         self.servicer = StreamServicer(host)
         self.streams_opened = 0  # pull streams this puller opened (reused ones counted once)
@@ -182,6 +182,17 @@ class Puller:
         )  # fmt: skip
         await self.servicer.add(self.route())
         return self
+
+    @property
+    def idle_timeout_s(self) -> float:
+        """How long a served stream may stay silent between requests before it is closed."""
+        return self._idle_timeout_s
+
+    @idle_timeout_s.setter
+    def idle_timeout_s(self, seconds: float) -> None:
+        self._idle_timeout_s = seconds
+        if self.protocol in self.servicer.routes:  # streams opened from now on
+            self.servicer.update(self.route())
 
     def route(self) -> StreamRoute:
         """How this puller serves its store: many requests a stream, the first within

@@ -102,13 +102,21 @@ class StreamServicer:
         async def on_stream(
             info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
         ) -> None:
-            await self.handle(route, info.peer_id, reader, writer)
+            await self.handle(self.routes.get(route.protocol, route), info.peer_id, reader, writer)
 
         await with_deadline(
             self.host.p2p.add_binary_stream_handler(route.protocol, on_stream),
             self.host.config.call_timeout_s,
             f"register {route.protocol}",
         )
+        self.routes[route.protocol] = route
+
+    def update(self, route: StreamRoute) -> None:
+        """Serve streams opened from now on by ``route``, which replaces the one of its protocol
+        added here (new timeouts; streams already open keep the old). Raises KeyError when
+        that protocol was not added."""
+        if route.protocol not in self.routes:
+            raise KeyError(route.protocol)
         self.routes[route.protocol] = route
 
     async def close(self) -> None:

@@ -14,6 +14,7 @@ Modules (the spec is docs/protocol.md):
 - ``manifest_ask`` ``/distronet/manifest/1``: sealed / decided manifests, the newest step
 - ``digest``     ``/distronet/digest/1``: a peer's parameter digest after one step
 - ``state``      ``/distronet/state-manifest/1``: the signed state manifest, its ask and answer
+- ``membership`` the signed membership record a node keeps in the run's DHT
 - ``coordinator_api``  the coordinator's HTTP schemas
 
 Imports only the standard library, msgpack, zstandard, numpy, cryptography and PyNaCl

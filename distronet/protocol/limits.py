@@ -63,6 +63,10 @@ class Limits:
     """Parameter name length in a layout, in UTF-8 bytes."""
     max_multiaddr_len: int = 256
     """A multiaddr hint in an announcement, in bytes."""
+    max_member_record_bytes: int = 4096
+    """A signed membership record's value in the DHT (magic + signature + its msgpack map)."""
+    max_member_maddrs: int = 16
+    """Multiaddrs in one membership record (each at most ``max_multiaddr_len`` bytes)."""
     max_step: int = (1 << 63) - 1
     """Largest step number (steps are 0 <= step <= max_step)."""
 

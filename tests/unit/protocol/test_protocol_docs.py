@@ -7,7 +7,9 @@ import hashlib
 import re
 from pathlib import Path
 
-from distronet.protocol import digest, manifest_ask, pull, state
+import msgpack
+
+from distronet.protocol import digest, manifest_ask, membership, pull, state
 from distronet.protocol.errors import REJECT_MEANING, RejectCode
 from distronet.protocol.framing import MessageKind, encode_frame
 from distronet.protocol.identity import Identity
@@ -109,4 +111,15 @@ def test_stream_vectors_are_in_the_spec() -> None:
         wire,
     )
     for blob in vectors:
+        assert blob.hex() in FLAT
+
+
+def test_membership_vector_is_in_the_spec() -> None:
+    me = Identity.from_seed(bytes(range(32)))
+    key = hashlib.sha1(msgpack.packb("distronet/demo/members")).digest()
+    sub = msgpack.packb(me.peer_id_b58)
+    inner = msgpack.packb(membership.member_value(["/ip4/127.0.0.1/tcp/1"]))
+    value = membership.seal_record_value(me, key, sub, 1700000000.5, inner)
+    assert membership.open_record_value(key, sub, 1700000000.5, value) == inner
+    for blob in (key, sub, membership.record_signing_bytes(key, sub, 1700000000.5, inner), value):
         assert blob.hex() in FLAT

@@ -9,7 +9,7 @@ import pytest
 
 MODULES = [
     "identity", "limits", "layout", "framing", "packet", "announce", "errors", "manifest", "pull",
-    "manifest_ask", "digest", "state",
+    "manifest_ask", "digest", "state", "membership",
 ]  # fmt: skip
 REQUIRED = {
     "identity": {"Identity", "IdentityError", "verify", "peer_id_from_b58", "peer_id_to_b58"},

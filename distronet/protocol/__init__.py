@@ -9,6 +9,12 @@ Modules (the spec is docs/protocol.md):
 - ``framing``    the 16-byte frame header, bounded zstd, strict msgpack
 - ``packet``     the signed step packet: ``seal_packet`` / ``open_packet``
 - ``announce``   the signed <= 1 KiB gossip announcement
+- ``manifest``   the signed round manifest (gossip, and manifest-ask answers)
+- ``pull``       ``/distronet/pull/1`` (and ``/distronet/state/1``): content by sha256
+- ``manifest_ask`` ``/distronet/manifest/1``: sealed / decided manifests, the newest step
+- ``digest``     ``/distronet/digest/1``: a peer's parameter digest after one step
+- ``state``      ``/distronet/state-manifest/1``: the signed state manifest, its ask and answer
+- ``membership`` the signed membership record a node keeps in the run's DHT
 - ``coordinator_api``  the coordinator's HTTP schemas
 
 Imports only the standard library, msgpack, zstandard, numpy, cryptography and PyNaCl

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_LIMITS", "Limits"]
+__all__ = ["DEFAULT_LIMITS", "DEFAULT_STREAM_LIMITS", "Limits", "StreamLimits"]
 
 _MiB = 1 << 20
 
@@ -63,6 +63,10 @@ class Limits:
     """Parameter name length in a layout, in UTF-8 bytes."""
     max_multiaddr_len: int = 256
     """A multiaddr hint in an announcement, in bytes."""
+    max_member_record_bytes: int = 4096
+    """A signed membership record's value in the DHT (magic + signature + its msgpack map)."""
+    max_member_maddrs: int = 16
+    """Multiaddrs in one membership record (each at most ``max_multiaddr_len`` bytes)."""
     max_step: int = (1 << 63) - 1
     """Largest step number (steps are 0 <= step <= max_step)."""
 
@@ -88,3 +92,31 @@ class Limits:
 
 
 DEFAULT_LIMITS = Limits()
+
+
+@dataclass(frozen=True)
+class StreamLimits:
+    """Limits of the direct-stream protocols (docs/protocol.md section 14.6). Inclusive maxima.
+
+    These bound what one node reads from one stream before it allocates or loops; unlike
+    ``Limits`` they are a node's own choice, not a run's contract (a node that asks for less
+    simply gets fewer answers). Steps in stream messages are bounded by ``Limits.max_step``.
+    """
+
+    max_manifest_answer_bytes: int = 64 * 1024
+    """The body of a manifest-ask answer: a sealed or adopted round manifest."""
+    max_state_manifest_bytes: int = 4 * _MiB
+    """A signed state manifest (its msgpack map)."""
+    max_state_chunks: int = 100_000
+    """Chunk hashes in one state manifest."""
+    max_state_chunk_bytes: int = 64 * _MiB
+    """One chunk of a state blob (donors use 4 MiB)."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"StreamLimits.{f.name} must be a positive int, got {value!r}")
+
+
+DEFAULT_STREAM_LIMITS = StreamLimits()

@@ -1,4 +1,5 @@
-"""The signed round manifest: which (peer, frame hash) pairs count for one step.
+"""The signed round manifest, version 1: which (peer, frame hash) pairs count for one step
+(docs/protocol.md section 13).
 
 A round's leader (see ``leader_rank``) gossips the manifest once the round deadline has passed;
 every replica adopts the best-ranked valid manifest it receives, so all apply the same accepted
@@ -118,7 +119,9 @@ def open_manifest(data: bytes, *, run_id: str, max_entries: int, max_size: int) 
     if not isinstance(leader, bytes) or not is_ed25519_peer_id(leader) or not isinstance(sig, bytes):
         raise Rejected(RejectCode.MALFORMED, "manifest leader or signature", step=step)
     who = peer_id_to_b58(leader)
-    if not isinstance(raw, list) or len(raw) > max_entries:
+    if not isinstance(raw, list):
+        raise Rejected(RejectCode.MALFORMED, "manifest entries are not an array", peer_id=who, step=step)
+    if len(raw) > max_entries:
         raise Rejected(
             RejectCode.LIMIT_EXCEEDED, f"over {max_entries} manifest entries", peer_id=who, step=step
         )

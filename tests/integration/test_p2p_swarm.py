@@ -26,9 +26,11 @@ from distronet.node.swarm.errors import DaemonError, GossipError, PullError, Pul
 from distronet.node.swarm.membership import MembershipConfig
 from distronet.node.swarm.p2p import SwarmConfig, SwarmHost
 from distronet.node.swarm.pull import Puller, _Stale, encode_response_header, nobody_holds
+from distronet.node.swarm.servicer import StreamCall, StreamRoute, StreamServicer
 from distronet.node.swarm.stack import Swarm
 from distronet.protocol.errors import ConfigError, RejectCode, Rejected
 from distronet.protocol.identity import Identity
+from distronet.protocol.pull import PULL_REQUEST_BYTES
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -258,19 +260,16 @@ async def test_lying_server_gets_typed_rejections(nodes: list[Swarm]) -> None:
     digest = hashlib.sha256(good).digest()
     behaviour: dict[str, bytes] = {}
 
-    async def evil(_info: object, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readexactly(44)
+    async def evil(call: StreamCall) -> bytes:  # served through the seam like any route
         mode = behaviour["mode"]
         if mode == b"huge":  # declares 1 TiB and then sends nothing
-            writer.write(encode_response_header(0, 1 << 40))
-        elif mode == b"corrupt":
-            writer.write(encode_response_header(0, len(good)) + good[:-1] + bytes([good[-1] ^ 1]))
-        else:  # truncated: declares everything, sends 10 bytes, hangs up
-            writer.write(encode_response_header(0, len(good)) + good[:10])
-        await writer.drain()
-        writer.close()
+            return encode_response_header(0, 1 << 40)
+        if mode == b"corrupt":
+            return encode_response_header(0, len(good)) + good[:-1] + bytes([good[-1] ^ 1])
+        return encode_response_header(0, len(good)) + good[:10]  # truncated: then the stream ends
 
-    await c.host.p2p.add_binary_stream_handler(EVIL, evil)
+    liar = StreamServicer(c.host)
+    await liar.add(StreamRoute(EVIL, PULL_REQUEST_BYTES, evil))
     victim = await Puller.create(b.host, protocol=EVIL)
     try:
         for mode, code in (
@@ -288,7 +287,7 @@ async def test_lying_server_gets_typed_rejections(nodes: list[Swarm]) -> None:
             assert digest not in victim.store
     finally:
         await victim.close()
-        await c.host.p2p.remove_binary_stream_handler(EVIL)
+        await liar.close()
 
 
 @pytest.mark.slow

@@ -9,10 +9,8 @@ state (parameters + replicated optimizer state, ~7 MB for the default model) on 
 The answer is not signed: the stream's peer is authenticated by libp2p (Noise), and a digest only
 decides whether *we* resync, which a lying peer could cause with a signed manifest just as well.
 
-Wire (one request per stream)::
-
-    request   b"DND?" | step (u64 BE)
-    response  status (u8: 0 found, 1 unknown) | 32-byte BLAKE3 digest (found only)
+Wire: ``distronet.protocol.digest`` (docs/protocol.md §14.4): a 12-byte request naming the step,
+an answer of a status byte and (found) the 32-byte digest; served through the swarm's servicer.
 
 A peer asked for the step it is computing right now waits (at most ``wait_s``) for it to finish
 instead of answering "unknown", so checks between replicas a little out of step still compare.
@@ -22,20 +20,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import struct
 from collections import Counter, OrderedDict
 from collections.abc import Hashable, Mapping
 from typing import TypeVar
 
-from distronet.node.swarm.control import open_stream, write_stream
-from distronet.node.swarm.hivemind_shim import PeerID, StreamInfo
-from distronet.node.swarm.p2p import SwarmHost, with_deadline
+from distronet.node.swarm.errors import StreamError
+from distronet.node.swarm.hivemind_shim import PeerID
+from distronet.node.swarm.p2p import SwarmHost
+from distronet.node.swarm.servicer import StreamCall, StreamRoute, StreamServicer, ask
+from distronet.protocol.digest import (
+    DIGEST_BYTES,
+    DIGEST_PROTOCOL,
+    DIGEST_REQUEST_BYTES,
+    DigestStatus,
+    decode_digest_request,
+    decode_digest_status,
+    encode_digest_answer,
+    encode_digest_request,
+)
+from distronet.protocol.errors import ProtocolError
 
 __all__ = ["DIGEST_PROTOCOL", "DigestBoard", "ask_digest", "state_to_adopt"]
 
-DIGEST_PROTOCOL = "/distronet/digest/1"
-_REQUEST = b"DND?"
-_FOUND, _UNKNOWN = 0, 1
+_SERVE_TIMEOUT_S = 10.0
 K = TypeVar("K", bound=Hashable)
 
 
@@ -52,17 +59,19 @@ class DigestBoard:
         self._newest = -1
         self._recorded = asyncio.Event()
         self.served = 0
+        self.servicer = StreamServicer(host)
 
     @classmethod
     async def create(cls, host: SwarmHost, *, keep: int = 64, wait_s: float = 3.0) -> DigestBoard:
         """A board that serves ``DIGEST_PROTOCOL`` on ``host``. Raises DaemonError (p2pd)."""
         self = cls(host, keep=keep, wait_s=wait_s)
-        await with_deadline(
-            host.p2p.add_binary_stream_handler(DIGEST_PROTOCOL, self._serve),
-            host.config.call_timeout_s,
-            "register digest handler",
-        )
+        await self.servicer.add(self.route())
         return self
+
+    def route(self) -> StreamRoute:
+        """``DIGEST_PROTOCOL``: one request a stream; the answer may wait ``wait_s`` for the step."""
+        deadline = _SERVE_TIMEOUT_S + self.wait_s
+        return StreamRoute(DIGEST_PROTOCOL, DIGEST_REQUEST_BYTES, self._answer, _SERVE_TIMEOUT_S, deadline)
 
     def record(self, step: int, digest: bytes) -> None:
         """The BLAKE3 digest (32 bytes) of the parameters after ``step``. A step recorded again (after a
@@ -94,47 +103,29 @@ class DigestBoard:
                 await asyncio.wait_for(self._recorded.wait(), left)
         return self._digests.get(step)
 
-    async def _serve(
-        self, _i: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        try:
-            req = await asyncio.wait_for(reader.readexactly(12), 10.0)
-            digest = None
-            if req[:4] == _REQUEST:
-                digest = await self.wait_for(struct.unpack(">Q", req[4:])[0], self.wait_s)
-            write_stream(writer, bytes([_UNKNOWN]) if digest is None else bytes([_FOUND]) + digest)
-            await asyncio.wait_for(writer.drain(), 10.0)
-            self.served += 1
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
+    async def _answer(self, call: StreamCall) -> bytes:
+        """Found with the digest of the step asked for, or unknown. Raises Rejected (malformed)."""
+        digest = await self.wait_for(decode_digest_request(call.request), self.wait_s)
+        self.served += 1
+        return encode_digest_answer(digest)
 
     async def close(self) -> None:
-        if self.host is not None and self.host.alive:
-            with contextlib.suppress(Exception):
-                await with_deadline(
-                    self.host.p2p.remove_binary_stream_handler(DIGEST_PROTOCOL), 5.0, "unregister"
-                )
+        await self.servicer.close()
+
+
+async def _read_digest(reader: asyncio.StreamReader) -> bytes | None:
+    if decode_digest_status(await reader.readexactly(1)) is DigestStatus.FOUND:
+        return await reader.readexactly(DIGEST_BYTES)
+    return None
 
 
 async def ask_digest(host: SwarmHost, peer: PeerID, step: int, timeout: float) -> bytes | None:
     """``peer``'s parameter digest after ``step``; None when it has none, does not answer within
     ``timeout`` seconds, or answers malformed."""
-
-    async def ask() -> bytes | None:
-        reader, writer = await open_stream(host.control_path, peer, DIGEST_PROTOCOL, timeout)
-        try:
-            writer.write(_REQUEST + struct.pack(">Q", step))
-            await writer.drain()
-            status = (await reader.readexactly(1))[0]
-            return await reader.readexactly(32) if status == _FOUND else None
-        finally:
-            writer.close()
-
     try:
-        return await asyncio.wait_for(ask(), timeout)
-    except Exception:  # dead, unreachable, no handler or malformed: no digest from this one
+        request = encode_digest_request(step)
+        return await ask(host.control_path, peer, DIGEST_PROTOCOL, request, _read_digest, timeout)
+    except (StreamError, ProtocolError):  # dead, unreachable, no handler or malformed: no digest
         return None
 
 

@@ -12,8 +12,9 @@ spread over those donors (at most ``per_donor`` chunks in flight at each,
 so no donor is overloaded), retrying a failed chunk at another donor. Every chunk is hash-checked
 and, with a ``cache_dir``, written there as soon as it verifies, so a restarted fetch resumes.
 
-Manifest wire: request ``b"DNS1"``; response ``u8 status (0 ok, 1 none) | u32 len | msgpack``
-with ``v, run, step, size, sha, chunk, chunks[list of sha256], peer, sig`` (Ed25519 by ``peer``).
+Wire: ``distronet.protocol.state`` (docs/protocol.md §14.5): the manifest ask is 4 bytes, its
+answer a status, a length and the signed msgpack manifest; chunks travel on the pull wire under
+``STATE_PULL_PROTOCOL``. Both are served through the swarm's servicer.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import asyncio
 import contextlib
 import hashlib
 import os
-import struct
 import tempfile
 import time
 from collections import Counter
@@ -30,17 +30,30 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgpack
-
-from distronet.node.swarm.control import open_stream, write_stream
-from distronet.node.swarm.errors import PullError, PullTimeout
-from distronet.node.swarm.hivemind_shim import PeerID, StreamInfo
+from distronet.node.swarm.errors import PullError, PullTimeout, StreamError
+from distronet.node.swarm.hivemind_shim import PeerID
 from distronet.node.swarm.pull import ContentStore, Puller
+from distronet.node.swarm.servicer import StreamCall, StreamRoute, StreamServicer, ask
 from distronet.node.swarm.stack import Swarm
-from distronet.protocol.errors import RejectCode, Rejected
-from distronet.protocol.identity import Identity, peer_id_to_b58, verify
+from distronet.protocol.errors import ProtocolError, RejectCode, Rejected
+from distronet.protocol.identity import Identity, peer_id_to_b58
+from distronet.protocol.limits import DEFAULT_STREAM_LIMITS
+from distronet.protocol.state import (
+    STATE_ANSWER_HEADER_BYTES,
+    STATE_ASK,
+    STATE_MANIFEST_PROTOCOL,
+    STATE_PULL_PROTOCOL,
+    StateManifest,
+    decode_state_answer_length,
+    decode_state_ask,
+    encode_state_answer,
+    open_state_manifest,
+    seal_state_manifest,
+)
 
 __all__ = [
+    "MAX_CHUNKS",
+    "MAX_MANIFEST_BYTES",
     "STATE_MANIFEST_PROTOCOL",
     "STATE_PULL_PROTOCOL",
     "NoNewerState",
@@ -51,11 +64,9 @@ __all__ = [
     "fetch_state",
 ]
 
-STATE_MANIFEST_PROTOCOL = "/distronet/state-manifest/1"
-STATE_PULL_PROTOCOL = "/distronet/state/1"
-_DOMAIN = b"distronet/state/v1\x00"
-MAX_MANIFEST_BYTES = 4 * 2**20
-MAX_CHUNKS = 100_000
+MAX_MANIFEST_BYTES = DEFAULT_STREAM_LIMITS.max_state_manifest_bytes
+MAX_CHUNKS = DEFAULT_STREAM_LIMITS.max_state_chunks
+_SERVE_TIMEOUT_S = 10.0
 Progress = Callable[[int, int], None]
 Snapshot = Callable[[], Awaitable[tuple[int, bytes]]]
 """``await snapshot()`` -> ``(step, blob)``: the owner's state at one consistent moment."""
@@ -63,59 +74,6 @@ Snapshot = Callable[[], Awaitable[tuple[int, bytes]]]
 
 class NoNewerState(PullError):
     """The donors offer states, but none newer than the step the caller already holds."""
-
-
-@dataclass(frozen=True)
-class StateManifest:
-    run_id: str
-    step: int
-    size: int
-    sha256: bytes
-    chunk_bytes: int
-    chunks: tuple[bytes, ...]
-    peer_id: bytes
-    signature: bytes
-
-    @property
-    def root(self) -> tuple[int, bytes]:
-        """What donors must agree on: (step, sha256 of the blob)."""
-        return self.step, self.sha256
-
-    def chunk_size(self, i: int) -> int:
-        return min(self.chunk_bytes, self.size - i * self.chunk_bytes)
-
-
-def _signing_bytes(run: str, step: int, size: int, sha: bytes, chunk: int, chunks: Sequence[bytes]) -> bytes:
-    r = run.encode()
-    return b"".join((_DOMAIN, struct.pack(">B", len(r)), r, struct.pack(">QQ", step, size), sha,
-                     struct.pack(">QI", chunk, len(chunks)), *chunks))  # fmt: skip
-
-
-def _open_manifest(data: bytes, run_id: str, sender: PeerID) -> StateManifest:
-    who = sender.to_base58()
-    try:
-        m = msgpack.unpackb(data, raw=False, max_array_len=MAX_CHUNKS, max_map_len=12, max_bin_len=64)
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
-        raise Rejected(RejectCode.MALFORMED, f"state manifest: {e}", peer_id=who) from None
-    keys = {"v", "run", "step", "size", "sha", "chunk", "chunks", "peer", "sig"}
-    if not isinstance(m, dict) or m.keys() != keys or m["v"] != 1:
-        raise Rejected(RejectCode.MALFORMED, "state manifest fields", peer_id=who)
-    ints = [m[k] for k in ("step", "size", "chunk")]
-    if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**63 for x in ints):
-        raise Rejected(RejectCode.MALFORMED, "state manifest numbers", peer_id=who)
-    step, size, chunk = ints
-    chunks = m["chunks"]
-    if chunk < 1 or not isinstance(chunks, list) or len(chunks) != -(-size // chunk) or size < 1:
-        raise Rejected(RejectCode.MALFORMED, "state manifest chunk count", peer_id=who)
-    if not all(isinstance(c, bytes) and len(c) == 32 for c in [*chunks, m["sha"]]):
-        raise Rejected(RejectCode.MALFORMED, "state manifest hashes", peer_id=who)
-    if m["run"] != run_id:
-        raise Rejected(RejectCode.WRONG_RUN, f"state of run {m['run']!r}", peer_id=who)
-    if m["peer"] != sender.to_bytes():
-        raise Rejected(RejectCode.WRONG_PEER, "state manifest signed for another peer", peer_id=who)
-    if not verify(m["peer"], _signing_bytes(run_id, step, size, m["sha"], chunk, chunks), m["sig"]):
-        raise Rejected(RejectCode.BAD_SIGNATURE, "state manifest", peer_id=who)
-    return StateManifest(run_id, step, size, m["sha"], chunk, tuple(chunks), m["peer"], m["sig"])
 
 
 def _retrieve(fut: asyncio.Future[None]) -> None:
@@ -134,7 +92,8 @@ class _Prepared:
 
 
 def _prepare(ident: Identity, run: str, step: int, blob: bytes, chunk_bytes: int) -> _Prepared:
-    """Chunk, hash and sign ``blob`` (pure: safe in a worker thread). Raises ValueError."""
+    """Chunk, hash and sign ``blob`` (pure: safe in a worker thread). Raises ValueError
+    (``EncodeError``: empty, or over the state limits)."""
     if not blob or -(-len(blob) // chunk_bytes) > MAX_CHUNKS:
         raise ValueError(f"state of {len(blob)} bytes does not fit {MAX_CHUNKS} chunks of {chunk_bytes}")
     view = memoryview(blob)
@@ -142,13 +101,8 @@ def _prepare(ident: Identity, run: str, step: int, blob: bytes, chunk_bytes: int
         (hashlib.sha256(view[o : o + chunk_bytes]).digest(), blob[o : o + chunk_bytes])
         for o in range(0, len(blob), chunk_bytes)
     )
-    chunks = [d for d, _ in parts]
-    sha = hashlib.sha256(blob).digest()
-    sig = ident.sign(_signing_bytes(run, step, len(blob), sha, chunk_bytes, chunks))
-    body = {"v": 1, "run": run, "step": step, "size": len(blob), "sha": sha, "chunk": chunk_bytes,
-            "chunks": chunks, "peer": ident.peer_id, "sig": sig}  # fmt: skip
-    manifest = StateManifest(run, step, len(blob), sha, chunk_bytes, tuple(chunks), ident.peer_id, sig)
-    return _Prepared(manifest, msgpack.packb(body, use_bin_type=True), parts)
+    manifest, packed = seal_state_manifest(ident, run, step, blob, chunk_bytes, [d for d, _ in parts])
+    return _Prepared(manifest, packed, parts)
 
 
 class StateDonor:
@@ -164,6 +118,7 @@ class StateDonor:
         self._source: tuple[Callable[[], int], Snapshot] | None = None
         self._building: asyncio.Future[None] | None = None
         self.built = 0  # states snapshotted on request, serialised and hashed (tests, metrics)
+        self.servicer = StreamServicer(swarm.host)
 
     @classmethod
     async def create(cls, swarm: Swarm, *, max_bytes: int = 8 * 2**30) -> StateDonor:
@@ -171,8 +126,15 @@ class StateDonor:
             swarm.host, ContentStore(max_bytes), swarm.bandwidth, protocol=STATE_PULL_PROTOCOL
         )
         self = cls(swarm, puller)
-        await swarm.host.p2p.add_binary_stream_handler(STATE_MANIFEST_PROTOCOL, self._serve_manifest)
+        await self.servicer.add(self.route())
         return self
+
+    def route(self) -> StreamRoute:
+        """``STATE_MANIFEST_PROTOCOL``: one 4-byte ask a stream; building the offer may take
+        ``_SERVE_TIMEOUT_S``, sending the manifest as long again."""
+        return StreamRoute(
+            STATE_MANIFEST_PROTOCOL, len(STATE_ASK), self._answer, _SERVE_TIMEOUT_S, 3 * _SERVE_TIMEOUT_S
+        )
 
     def offer(self, step: int, blob: bytes, *, chunk_bytes: int | None = None) -> StateManifest:
         """Offer ``blob`` of ``step`` from now on (cost: two sha256 passes). The chunks of the last
@@ -220,55 +182,32 @@ class StateDonor:
         self._manifest, self._current = prepared.packed, prepared.manifest
         return prepared.manifest
 
-    async def _serve_manifest(
-        self, _i: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        try:
-            if await asyncio.wait_for(reader.readexactly(4), 10.0) == b"DNS1":
-                with contextlib.suppress(Exception):  # a snapshot that cannot be built: offer none
-                    await asyncio.wait_for(self.current(), 10.0)
-                m = self._manifest
-                answer = b"\x01" + bytes(4) if m is None else b"\x00" + struct.pack(">I", len(m)) + m
-                write_stream(writer, answer)
-                await asyncio.wait_for(writer.drain(), 30.0)
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
+    async def _answer(self, call: StreamCall) -> bytes:
+        """The manifest offered now, or none. Raises Rejected for a request that is no ask."""
+        decode_state_ask(call.request)
+        with contextlib.suppress(Exception):  # a snapshot that cannot be built: offer none
+            await asyncio.wait_for(self.current(), _SERVE_TIMEOUT_S)
+        return encode_state_answer(self._manifest)
 
     async def close(self) -> None:
         await self.puller.close()
-        if self.swarm.host.alive:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(
-                    self.swarm.host.p2p.remove_binary_stream_handler(STATE_MANIFEST_PROTOCOL), 5.0
-                )
+        await self.servicer.close()
 
 
 async def ask_manifest(swarm: Swarm, donor: PeerID, timeout: float) -> StateManifest | None:
     """The signed state manifest ``donor`` offers now, or None when it offers none, does not
     answer within ``timeout`` seconds, or answers with one that does not verify."""
 
-    async def ask() -> StateManifest | None:
-        control = swarm.host.control_path
-        reader, writer = await open_stream(control, donor, STATE_MANIFEST_PROTOCOL, timeout)
-        try:
-            writer.write(b"DNS1")
-            await writer.drain()
-            status, n = struct.unpack(">BI", await reader.readexactly(5))
-            if status != 0:
-                return None
-            if n > MAX_MANIFEST_BYTES:
-                raise Rejected(
-                    RejectCode.TOO_LARGE, f"state manifest of {n} bytes", peer_id=donor.to_base58()
-                )
-            return _open_manifest(await reader.readexactly(n), swarm.run_id, donor)
-        finally:
-            writer.close()
+    async def read(reader: asyncio.StreamReader) -> StateManifest | None:
+        n = decode_state_answer_length(await reader.readexactly(STATE_ANSWER_HEADER_BYTES))
+        if n is None:
+            return None
+        data = await reader.readexactly(n)
+        return open_state_manifest(data, run_id=swarm.run_id, sender=donor.to_bytes())
 
     try:
-        return await asyncio.wait_for(ask(), timeout)
-    except Exception:  # late, unreachable, no handler, or a bad manifest: not a donor for us
+        return await ask(swarm.host.control_path, donor, STATE_MANIFEST_PROTOCOL, STATE_ASK, read, timeout)
+    except (StreamError, ProtocolError):  # late, unreachable, no handler, or a bad manifest
         return None
 
 

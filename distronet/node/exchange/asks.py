@@ -2,24 +2,20 @@
 (gossip may have lost it), serving ours, and replaying a round another replica decided.
 
 ``AsyncSwarmExchange`` (``exchange.py``) inherits these; the asks are in their own module so the
-round's life cycle stays readable there. Wire forms: ``manifest_ask``.
+round's life cycle stays readable there. Wire forms: ``protocol/manifest_ask.py``; served
+through the swarm's servicer (:meth:`ManifestAsks._serve_asks`).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from typing import TYPE_CHECKING
 
 from distronet.node.exchange.base import Round, RoundUnavailable
-from distronet.node.exchange.manifest_ask import (
-    GONE,
-    request_decided,
-    request_manifest,
-    serve_manifest_request,
-)
+from distronet.node.exchange.manifest_ask import GONE, manifest_route, request_decided, request_manifest
 from distronet.node.exchange.types import ExchangeConfig, RoundState
 from distronet.node.swarm.control import peer_id
+from distronet.node.swarm.servicer import StreamServicer
 from distronet.protocol.errors import RejectCode, Rejected
 from distronet.protocol.identity import peer_id_to_b58
 from distronet.protocol.manifest import RoundManifest, encode_manifest, leader_rank
@@ -77,9 +73,10 @@ class ManifestAsks:
             return False
         return True
 
-    async def _serve_manifest(
-        self, _info: object, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    async def _serve_asks(self) -> StreamServicer:
+        """Serve ``MANIFEST_PULL_PROTOCOL`` from this exchange's rounds; the servicer returned
+        stops it (``close``). Raises DaemonError when p2pd refuses or is late."""
+
         def sealed(step: int) -> bytes | None:
             state = self._rounds.get(step)
             return None if state is None else state.sealed
@@ -90,7 +87,9 @@ class ManifestAsks:
                 return GONE if step <= self._newest - self.config.retention else None
             return None if state.adopted is None else encode_manifest(state.adopted)
 
-        await serve_manifest_request(reader, writer, sealed, lambda: self._newest, decided)
+        servicer = StreamServicer(self.swarm.host)
+        await servicer.add(manifest_route(sealed, lambda: self._newest, decided))
+        return servicer
 
     async def replay(self, step: int, sources: list[bytes], timeout: float) -> Round | None:
         """The accepted set the first of ``sources`` that answers applied for ``step``, its frames

@@ -94,9 +94,9 @@ from distronet.node.exchange.manifest_ask import (
 from distronet.node.exchange.types import ExchangeConfig, FellBehind, RoundState, manifest_topic
 from distronet.node.swarm.control import peer_id
 from distronet.node.swarm.errors import PullError, SwarmError
-from distronet.node.swarm.p2p import with_deadline
 from distronet.node.swarm.pubsub import Gossip, Subscription
 from distronet.node.swarm.pull import all_unreachable, nobody_holds
+from distronet.node.swarm.servicer import StreamServicer
 from distronet.node.swarm.stack import Swarm
 from distronet.protocol.announce import Announcement, open_announcement, seal_announcement
 from distronet.protocol.errors import RejectCode, Rejected
@@ -146,6 +146,7 @@ class AsyncSwarmExchange(ManifestAsks):
         self._early_notes: HoldBack[Announcement] = HoldBack(config.retention)  # past our window
         self._early_manifests: HoldBack[RoundManifest] = HoldBack(config.retention)
         self.alone = AloneWatch(config.alone_rounds)  # rounds of one while peers are in the topic
+        self._asks: StreamServicer | None = None  # serves MANIFEST_PULL_PROTOCOL (asks.py)
 
     def start_warmup(self, step: int) -> int:
         """Publish masked packets for ``step`` .. ``step + warmup_mask_steps - 1``; returns the
@@ -162,11 +163,7 @@ class AsyncSwarmExchange(ManifestAsks):
             await swarm.gossip.subscribe(swarm.topic),
             await self._manifest_gossip.subscribe(manifest_topic(swarm.run_id)),
         ]
-        await with_deadline(
-            swarm.host.p2p.add_binary_stream_handler(MANIFEST_PULL_PROTOCOL, self._serve_manifest),
-            swarm.host.config.call_timeout_s,
-            "register manifest handler",
-        )
+        self._asks = await self._serve_asks()
         self._spawn(self._listen(self._subs[0], "_on_announcement"))
         self._spawn(self._listen(self._subs[1], "_on_manifest"))
         self._spawn(self._watch_topic())
@@ -586,10 +583,5 @@ class AsyncSwarmExchange(ManifestAsks):
         await self._manifest_gossip.close()
         for sub in self._subs:
             await sub.close()
-        if self.swarm.host.alive:
-            with contextlib.suppress(Exception):
-                await with_deadline(
-                    self.swarm.host.p2p.remove_binary_stream_handler(MANIFEST_PULL_PROTOCOL),
-                    5.0,
-                    "unregister",
-                )
+        if self._asks is not None:
+            await self._asks.close()

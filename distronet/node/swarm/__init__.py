@@ -9,6 +9,9 @@ Parts (each usable alone; :class:`~distronet.node.swarm.stack.Swarm` starts them
 - ``stack``      :class:`Swarm` — the above as one object; ``announce_topic(run_id)``.
 - ``budget``     token-bucket upload and download limiters.
 - ``control``    p2pd control framing and a leak-free ``open_stream``.
+- ``servicer``   :class:`StreamServicer` — the one seam every stream protocol is served through
+  (framing, deadlines, error mapping), and ``ask`` for one-shot requests; the codecs are in
+  ``distronet.protocol`` (pull, manifest_ask, digest, state).
 - ``hivemind_shim`` imports hivemind's p2p and DHT without its torch-importing ``__init__``.
 - ``selfcheck``  ``python -m distronet.node.swarm.selfcheck``: loopback figures.
 

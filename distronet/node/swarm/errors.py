@@ -11,6 +11,7 @@ DistroError
     │   ├── PullNotFound    the source answered that it does not hold it
     │   ├── PullPruned      the source answered that it held it and dropped it (retention)
     │   └── PullUnreachable no stream to the source could be opened
+    ├── StreamError         a one-shot ask (servicer.ask) got no answer: unreachable, late, broken
     └── MembershipError     the DHT could not be joined or a record not stored
 """
 
@@ -27,6 +28,7 @@ __all__ = [
     "PullPruned",
     "PullTimeout",
     "PullUnreachable",
+    "StreamError",
     "SwarmError",
 ]
 
@@ -67,6 +69,11 @@ class PullPruned(PullError):
 
 class PullUnreachable(PullError):
     """No stream to the source could be opened: it is gone, or refuses the protocol."""
+
+
+class StreamError(SwarmError):
+    """A one-shot ask on a direct stream got no answer: no stream could be opened, the peer was
+    silent past the deadline, or the stream broke (bad bytes in an answer are ``Rejected``)."""
 
 
 class MembershipError(SwarmError):

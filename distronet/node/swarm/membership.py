@@ -9,7 +9,8 @@ Records are signed with the node's Ed25519 identity — the same key p2pd uses, 
 record, the libp2p connection and our packets all name one peer id. The validator checks every
 record it is asked to store or is handed: the sub-key must be an Ed25519 peer id and the
 signature must verify against it (over key, sub-key, value and expiry), so nobody can write or
-extend another peer's record.
+extend another peer's record. The record's bytes are ``distronet.protocol.membership``
+(docs/protocol.md section 15).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,17 +29,24 @@ from hivemind.utils.timed_storage import get_dht_time
 
 from distronet.node.swarm.errors import MembershipError
 from distronet.node.swarm.p2p import SwarmHost, with_deadline
-from distronet.protocol.errors import ConfigError
-from distronet.protocol.identity import Identity, peer_id_from_b58, verify
+from distronet.protocol.errors import ConfigError, Rejected
+from distronet.protocol.identity import Identity
+from distronet.protocol.limits import DEFAULT_LIMITS
+from distronet.protocol.membership import (
+    RECORD_MAGIC,
+    member_maddrs,
+    member_value,
+    open_record_value,
+    seal_record_value,
+)
 
 __all__ = ["Member", "Membership", "MembershipConfig", "SignedRecordValidator", "members_key"]
 
 log = logging.getLogger(__name__)
 
-_MAGIC = b"DNM1"
-_SIG = 64
-MAX_RECORD_BYTES = 4096
-MAX_MADDRS = 16
+MAX_RECORD_BYTES = DEFAULT_LIMITS.max_member_record_bytes
+MAX_MADDRS = DEFAULT_LIMITS.max_member_maddrs
+_HEAD = len(RECORD_MAGIC) + 64  # magic and signature, before the stored map
 FIRST_ANNOUNCE_TRIES = 3  # a DHT just joined may not reach a peer that stores our record at once
 FIRST_ANNOUNCE_GAP_S = 0.5
 
@@ -82,13 +89,6 @@ class Member:
         return str(self.peer_id.to_base58())
 
 
-def _signing_bytes(record: DHTRecord, inner: bytes) -> bytes:
-    return b"".join(
-        (_MAGIC, struct.pack(">I", len(record.key)), record.key, struct.pack(">I", len(record.subkey)),
-         record.subkey, struct.pack(">d", record.expiration_time), inner)
-    )  # fmt: skip
-
-
 class SignedRecordValidator(RecordValidatorBase):  # type: ignore[misc]
     """Signs our own records with ``identity``; accepts only records signed by their sub-key's peer."""
 
@@ -96,34 +96,22 @@ class SignedRecordValidator(RecordValidatorBase):  # type: ignore[misc]
         self.identity = identity
         self._own_subkey = msgpack.packb(identity.peer_id_b58)
 
-    @staticmethod
-    def _peer_of(subkey: bytes) -> bytes | None:
-        try:
-            text: object = msgpack.unpackb(
-                subkey, max_str_len=128, max_bin_len=0, max_array_len=0, max_map_len=0
-            )
-            return peer_id_from_b58(text) if isinstance(text, str) else None
-        except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
-            return None
-
     def validate(self, record: DHTRecord) -> bool:
-        value = record.value
-        if len(value) > MAX_RECORD_BYTES or len(value) < len(_MAGIC) + _SIG or not value.startswith(_MAGIC):
+        try:
+            open_record_value(record.key, record.subkey, record.expiration_time, bytes(record.value))
+        except Rejected:
             return False
-        peer = self._peer_of(record.subkey)
-        if peer is None:
-            return False
-        sig, inner = value[len(_MAGIC) : len(_MAGIC) + _SIG], value[len(_MAGIC) + _SIG :]
-        return verify(peer, _signing_bytes(record, inner), sig)
+        return True
 
     def sign_value(self, record: DHTRecord) -> bytes:
         if record.subkey != self._own_subkey:
             return bytes(record.value)  # not ours to sign: peers will refuse it
-        value = bytes(record.value)
-        return _MAGIC + self.identity.sign(_signing_bytes(record, value)) + value
+        return seal_record_value(
+            self.identity, record.key, record.subkey, record.expiration_time, bytes(record.value)
+        )
 
     def strip_value(self, record: DHTRecord) -> bytes:
-        return bytes(record.value[len(_MAGIC) + _SIG :])
+        return bytes(record.value[_HEAD:])
 
 
 class Membership:
@@ -185,7 +173,7 @@ class Membership:
     async def announce(self) -> None:
         """Write (or renew) our record. Raises MembershipError when no DHT node accepted it."""
         maddrs = (await self.host.maddrs())[:MAX_MADDRS]
-        if not await self._store({"v": 1, "maddrs": maddrs}):
+        if not await self._store(member_value(maddrs)):
             raise MembershipError(f"no DHT node stored the membership record of {self.identity.peer_id_b58}")
 
     async def first_announce(self, tries: int = FIRST_ANNOUNCE_TRIES) -> None:
@@ -235,23 +223,17 @@ class Membership:
             return
         if leave:
             with contextlib.suppress(Exception):
-                await self._store({"v": 1, "left": True})
+                await self._store(member_value(None))
         with contextlib.suppress(Exception):
             await with_deadline(self.dht.shutdown(), self._timeout, "DHT shutdown")
 
 
 def _parse_member(subkey: object, value: object, expires_at: float, now: float) -> Member | None:
-    if not isinstance(subkey, str) or not isinstance(value, dict) or expires_at <= now or value.get("left"):
-        return None
-    maddrs = value.get("maddrs")
-    if (
-        not isinstance(maddrs, list)
-        or len(maddrs) > MAX_MADDRS
-        or not all(isinstance(m, str) for m in maddrs)
-    ):
+    maddrs = member_maddrs(value)
+    if not isinstance(subkey, str) or maddrs is None or expires_at <= now:
         return None
     try:
         peer = PeerID.from_base58(subkey)
     except Exception:
         return None
-    return Member(peer, tuple(maddrs), expires_at)
+    return Member(peer, maddrs, expires_at)

@@ -1,9 +1,7 @@
 """Payloads pulled over direct libp2p streams by content hash (sha256), with a small store.
 
-Wire (protocol ``/distronet/pull/1``), requests one after another on a stream::
-
-    request   b"DNP1" | sha256 (32 bytes) | max_bytes (u64 BE)
-    response  status (u8: 0 OK, 1 NOT_FOUND, 2 TOO_LARGE, 3 PRUNED) | size (u64 BE) | size bytes (OK only)
+Wire (protocol ``/distronet/pull/1``): ``distronet.protocol.pull`` (docs/protocol.md §14.2);
+requests one after another on a stream, each answered with a status, a size and (OK) the bytes.
 
 ``NOT_FOUND``: the server never held the content (as far as it remembers); ``PRUNED``: it held it
 and dropped it (older than its retention; it remembers the last ``ContentStore.max_gone`` such
@@ -29,21 +27,28 @@ estimate, and the acknowledgements each direction causes in the other).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from hivemind.p2p import PeerID
-from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
-
 from distronet.node.swarm.budget import Bandwidth
-from distronet.node.swarm.control import open_stream, write_stream
 from distronet.node.swarm.errors import PullError, PullNotFound, PullPruned, PullTimeout, PullUnreachable
-from distronet.node.swarm.p2p import SwarmHost, with_deadline
+from distronet.node.swarm.hivemind_shim import PeerID
+from distronet.node.swarm.p2p import SwarmHost
+from distronet.node.swarm.servicer import StreamCall, StreamRoute, StreamServicer, open_stream
 from distronet.protocol.errors import RejectCode, Rejected
+from distronet.protocol.pull import (
+    PULL_HEADER_BYTES,
+    PULL_PROTOCOL,
+    PULL_REQUEST_BYTES,
+    PullStatus,
+    decode_pull_header,
+    decode_pull_request,
+    encode_pull_header,
+    encode_pull_request,
+)
 
 __all__ = [
     "PULL_PROTOCOL",
@@ -57,10 +62,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-PULL_PROTOCOL = "/distronet/pull/1"
-_MAGIC = b"DNP1"
-_REQUEST_LEN = 4 + 32 + 8
-_OK, _NOT_FOUND, _TOO_LARGE, _PRUNED = 0, 1, 2, 3
 _CHUNK = 64 * 1024
 _MAX_IDLE_PER_PEER = 4
 _REUSE_FOR_S = 20.0  # an idle stream older than this is closed, not reused (servers time out at 60 s)
@@ -79,12 +80,8 @@ def _observe(task: asyncio.Future[bytes]) -> None:
         task.exception()
 
 
-def encode_request(digest: bytes, max_bytes: int) -> bytes:
-    return _MAGIC + digest + max_bytes.to_bytes(8, "big")
-
-
-def encode_response_header(status: int, size: int) -> bytes:
-    return bytes([status]) + size.to_bytes(8, "big")
+encode_request = encode_pull_request  # the codecs live in distronet.protocol.pull
+encode_response_header = encode_pull_header
 
 
 class ContentStore:
@@ -158,8 +155,9 @@ class Puller:
     ) -> None:
         self.host, self.store, self.bandwidth = host, store, bandwidth
         self.serve_timeout_s, self.protocol = serve_timeout_s, protocol
-        self.reuse_streams, self.idle_timeout_s = reuse_streams, idle_timeout_s
+        self.reuse_streams, self._idle_timeout_s = reuse_streams, idle_timeout_s
         self.served = 0
+        self.servicer = StreamServicer(host)
         self.streams_opened = 0  # pull streams this puller opened (reused ones counted once)
         self._idle: dict[bytes, list[tuple[float, asyncio.StreamReader, asyncio.StreamWriter]]] = {}
 
@@ -182,12 +180,28 @@ class Puller:
             host, store or ContentStore(), bw, serve_timeout_s=serve_timeout_s, protocol=protocol,
             reuse_streams=reuse_streams,
         )  # fmt: skip
-        await with_deadline(
-            host.p2p.add_binary_stream_handler(protocol, self._serve),
-            host.config.call_timeout_s,
-            "register pull handler",
-        )
+        await self.servicer.add(self.route())
         return self
+
+    @property
+    def idle_timeout_s(self) -> float:
+        """How long a served stream may stay silent between requests before it is closed."""
+        return self._idle_timeout_s
+
+    @idle_timeout_s.setter
+    def idle_timeout_s(self, seconds: float) -> None:
+        self._idle_timeout_s = seconds
+        if self.protocol in self.servicer.routes:  # streams opened from now on
+            self.servicer.update(self.route())
+
+    def route(self) -> StreamRoute:
+        """How this puller serves its store: many requests a stream, the first within
+        ``serve_timeout_s``, the next within ``idle_timeout_s``, each answered within
+        ``serve_timeout_s``."""
+        return StreamRoute(
+            self.protocol, PULL_REQUEST_BYTES, self._serve_one, read_s=self.serve_timeout_s,
+            deadline_s=self.serve_timeout_s, idle_s=self.idle_timeout_s,
+        )  # fmt: skip
 
     async def close(self) -> None:
         """Close the idle pull streams and stop serving (nothing more when p2pd is already gone)."""
@@ -195,62 +209,30 @@ class Puller:
         for streams in idle.values():
             for _, _, writer in streams:
                 writer.close()
-        if not self.host.alive:
-            return
-        with contextlib.suppress(Exception):
-            await with_deadline(
-                self.host.p2p.remove_binary_stream_handler(self.protocol),
-                self.host.config.call_timeout_s,
-                "unregister",
-            )
+        await self.servicer.close()
 
-    async def _serve(
-        self, info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        """Answer requests on this stream until the puller closes it, sends a bad request, or
-        stays silent for ``idle_timeout_s`` (``serve_timeout_s`` for the first request)."""
-        wait = self.serve_timeout_s
-        try:
-            while True:
-                try:
-                    req = await asyncio.wait_for(reader.readexactly(_REQUEST_LEN), wait)
-                except asyncio.IncompleteReadError as e:
-                    if e.partial:
-                        raise
-                    return  # the puller is done with this stream
-                if not await asyncio.wait_for(self._serve_one(req, writer), self.serve_timeout_s):
-                    return
-                wait = self.idle_timeout_s
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError) as e:
-            log.debug("pull from %s not served: %r", info.peer_id, e)
-        finally:
-            writer.close()
-
-    async def _serve_one(self, req: bytes, writer: asyncio.StreamWriter) -> bool:
-        """Answer one request; False for a malformed one (the stream is then closed)."""
-        self.bandwidth.received(len(req))
-        if req[:4] != _MAGIC:
-            return False
-        digest, max_bytes = req[4:36], int.from_bytes(req[36:], "big")
-        data = self.store.get(digest)
+    async def _serve_one(self, call: StreamCall) -> None:
+        """Answer one request (a malformed one is Rejected: the servicer closes the stream)."""
+        self.bandwidth.received(len(call.request))
+        req = decode_pull_request(call.request)
+        data = self.store.get(req.digest)
         if data is None:
-            status = _PRUNED if self.store.pruned(digest) else _NOT_FOUND
-            write_stream(writer, encode_response_header(status, 0))
-        elif len(data) > max_bytes:
-            write_stream(writer, encode_response_header(_TOO_LARGE, len(data)))
+            status = PullStatus.PRUNED if self.store.pruned(req.digest) else PullStatus.NOT_FOUND
+            call.write(encode_pull_header(status, 0))
+        elif len(data) > req.max_bytes:
+            call.write(encode_pull_header(PullStatus.TOO_LARGE, len(data)))
         else:
-            head = encode_response_header(_OK, len(data))
+            head = encode_pull_header(PullStatus.OK, len(data))
             self.bandwidth.sent(len(head))
-            write_stream(writer, head)
+            call.write(head)
             view = memoryview(data)
             for off in range(0, len(data), _CHUNK):
                 piece = view[off : off + _CHUNK]
                 await self.bandwidth.send(len(piece))
-                write_stream(writer, piece)
-                await writer.drain()
+                call.write(piece)
+                await call.drain()
             self.served += 1
-        await writer.drain()
-        return True
+        return None
 
     async def fetch(
         self,
@@ -293,8 +275,7 @@ class Puller:
             except _Stale:
                 pass
         try:
-            control = self.host.control_path
-            stream = await open_stream(control, peer, self.protocol, self.host.config.call_timeout_s)
+            stream = await open_stream(self.host, peer, self.protocol)
         except Exception as e:
             raise PullUnreachable(f"cannot open a pull stream to {who}: {e}") from e
         self.streams_opened += 1
@@ -339,7 +320,7 @@ class Puller:
             try:
                 writer.write(request)
                 await writer.drain()
-                head = await reader.readexactly(9)
+                head = await reader.readexactly(PULL_HEADER_BYTES)
             except (asyncio.IncompleteReadError, ConnectionError) as e:
                 if reused and not (isinstance(e, asyncio.IncompleteReadError) and e.partial):
                     raise _Stale from None
@@ -347,22 +328,15 @@ class Puller:
                     raise PullError(f"pull stream to {who} failed: {e!r}") from None
                 raise Rejected(RejectCode.TRUNCATED, "pull response header", peer_id=who) from None
             self.bandwidth.received(len(head))
-            status, declared = head[0], int.from_bytes(head[1:], "big")
-            if status == _NOT_FOUND:
+            try:
+                header = decode_pull_header(head, max_bytes=max_bytes, expected_size=size)
+            except Rejected as e:
+                raise Rejected(e.code, e.detail, peer_id=who) from None
+            if header.status is PullStatus.NOT_FOUND:
                 raise PullNotFound(f"{who} does not have {digest.hex()[:16]}")
-            if status == _PRUNED:
+            if header.status is PullStatus.PRUNED:
                 raise PullPruned(f"{who} no longer has {digest.hex()[:16]} (pruned)")
-            if status == _TOO_LARGE or declared > max_bytes:
-                raise Rejected(
-                    RejectCode.TOO_LARGE, f"payload of {declared} > {max_bytes} bytes", peer_id=who
-                )
-            if status != _OK:
-                raise Rejected(RejectCode.MALFORMED, f"pull status {status}", peer_id=who)
-            if size is not None and declared != size:
-                raise Rejected(
-                    RejectCode.MALFORMED, f"declared {declared} bytes, announced {size}", peer_id=who
-                )
-            data = await self._read_body(reader, declared, digest, who)
+            data = await self._read_body(reader, header.size, digest, who)
             clean = True
             return data
         finally:

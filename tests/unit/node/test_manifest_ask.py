@@ -1,5 +1,5 @@
 """The manifest-ask protocol's server side over a real Unix socket: manifests, "which step" and
-"which accepted set did you apply"."""
+"which accepted set did you apply", served through the swarm's servicer seam."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from distronet.node.exchange.manifest_ask import GONE, serve_manifest_request
+from distronet.node.exchange.manifest_ask import GONE, manifest_route
+from distronet.node.swarm.servicer import StreamServicer
 
 
 async def ask(
@@ -23,7 +24,8 @@ async def ask(
     path = str(tmp_path / "s")
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await serve_manifest_request(reader, writer, sealed, lambda: newest, decided)
+        route = manifest_route(sealed, lambda: newest, decided)
+        await StreamServicer(None).handle(route, None, reader, writer)
 
     server = await asyncio.start_unix_server(handle, path)
     try:

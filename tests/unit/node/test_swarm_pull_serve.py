@@ -1,6 +1,6 @@
 """Serving a pull to a puller that has closed the stream, on uvloop (the node's loop): a
-ConnectionResetError that ``_serve`` handles, not uvloop's RuntimeError for a write on a closed
-transport (which escaped ``_serve`` and was logged as an unhandled exception in p2pd's stream
+ConnectionResetError that the servicer handles, not uvloop's RuntimeError for a write on a closed
+transport (which escaped the handler and was logged as an unhandled exception in p2pd's stream
 handler during a bench run)."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import uvloop
 
 from distronet.node.swarm.budget import Bandwidth
 from distronet.node.swarm.pull import ContentStore, Puller, encode_request
+from distronet.node.swarm.servicer import StreamCall
 
 
 def test_serving_a_closed_stream_raises_connection_reset(tmp_path: Path) -> None:
@@ -32,7 +33,7 @@ def test_serving_a_closed_stream_raises_connection_reset(tmp_path: Path) -> None
             writer.close()  # the other side is gone before the answer is written
             await writer.wait_closed()
             with pytest.raises(ConnectionResetError):
-                await puller._serve_one(encode_request(digest, 1 << 20), writer)
+                await puller._serve_one(StreamCall(None, encode_request(digest, 1 << 20), writer))
         finally:
             server.close()
             await server.wait_closed()

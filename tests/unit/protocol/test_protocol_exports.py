@@ -7,7 +7,10 @@ import importlib
 
 import pytest
 
-MODULES = ["identity", "limits", "layout", "framing", "packet", "announce", "errors"]
+MODULES = [
+    "identity", "limits", "layout", "framing", "packet", "announce", "errors", "manifest", "pull",
+    "manifest_ask", "digest", "state", "membership",
+]  # fmt: skip
 REQUIRED = {
     "identity": {"Identity", "IdentityError", "verify", "peer_id_from_b58", "peer_id_to_b58"},
     "limits": {"Limits", "DEFAULT_LIMITS"},

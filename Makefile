@@ -31,6 +31,7 @@ endif
 	$(BIN)/python -c "from distronet.kernels.coding_fast import warm; warm()"
 	touch $(STAMP)
 
+# trains until Ctrl-C (then prints the summary); DEMO_STEPS=N make demo stops after N steps
 demo: venv
 	$(BIN)/python -m distronet.node.demo
 

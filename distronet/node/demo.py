@@ -1,10 +1,17 @@
 """`make demo`: a real local swarm — a coordinator and 3 `distro-node join` processes on loopback.
 
-They train the built-in GPT (shrunk so a laptop CPU does a step in well under a second) on the
-built-in corpus for a bounded number of steps, each printing its status line; then every node
-is stopped (SIGTERM), the coordinator too, and a summary table shows per node: steps, first and
-last loss, parameter digest, bytes up/down and exit code. Deadlines everywhere: a node that does
-not start, step or stop in time fails the demo with a message saying which, and exit code 1.
+It prints the dashboard's URL first, then the nodes train the built-in GPT (shrunk so a laptop
+CPU does a step in well under a second) on the built-in corpus until Ctrl-C (SIGINT, or
+SIGTERM), printing each step's status. Then every node is stopped (SIGTERM: it finishes its
+step, saves, leaves the run, stops its p2pd), the coordinator too, and a summary table shows per
+node: steps, first and last loss, parameter digest, bytes up/down and exit code; exit code 0 when
+every process stopped cleanly and the replicas are bit-identical. ``DEMO_STEPS=N`` stops by itself
+after N steps instead (the scripted form). Deadlines everywhere: a node that does not start, step
+or stop in time fails the demo with a message saying which, and exit code 1. A second Ctrl-C
+while it stops kills what is left (exit 130).
+
+The children run in their own session, so a terminal's Ctrl-C reaches only the demo, which
+stops them in order (a node takes a second signal as "exit now").
 
 :class:`LocalSwarm` is the harness the integration and chaos tests use too.
 """
@@ -20,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +36,7 @@ __all__ = [
     "SwarmFailure",
     "common_digests",
     "main",
+    "steps_from_env",
     "wait_identical",
     "wait_until",
     "write_run",
@@ -112,8 +120,14 @@ class LocalSwarm:
     """A coordinator process and node processes in ``folder``. Use as a context manager: on exit,
     anything still running is stopped (SIGTERM, then SIGKILL after a deadline)."""
 
-    def __init__(self, folder: Path, run_toml: Path, run_id: str, *, log: bool = False) -> None:
+    def __init__(
+        self, folder: Path, run_toml: Path, run_id: str, *, log: bool = False, own_session: bool = False
+    ) -> None:
+        """``log``: children write to this process's stdout, else to ``folder/<name>.log``;
+        ``own_session``: children start in a session of their own (a terminal's Ctrl-C does not
+        reach them; the owner stops them)."""
         self.folder, self.run_toml, self.run_id, self.log = folder, run_toml, run_id, log
+        self.own_session = own_session
         self.coordinator: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.nodes: list[subprocess.Popen[bytes]] = []
@@ -139,7 +153,7 @@ class LocalSwarm:
              "--port-file", str(port_file), "--data-dir", str(self.folder / "coordinator"),
              "--run", str(self.run_toml), "--operator-token", "demo",
              "--sqlite-sync", "NORMAL", "--log-level", "warning", *extra],
-            stdout=self._out("coordinator"), stderr=subprocess.STDOUT,
+            stdout=self._out("coordinator"), stderr=subprocess.STDOUT, start_new_session=self.own_session,
         )  # fmt: skip
 
         def up() -> bool:
@@ -161,7 +175,13 @@ class LocalSwarm:
                "--gossip-heartbeat-s", "0.2", "--min-peers", str(min_peers), "--status", status,
                "--log-level", "warning", "--up", "unlimited", "--down", "unlimited", *extra]  # fmt: skip
         self.nodes.append(
-            subprocess.Popen(cmd, env=env, stdout=self._out(f"node{i}"), stderr=subprocess.STDOUT)
+            subprocess.Popen(
+                cmd,
+                env=env,
+                stdout=self._out(f"node{i}"),
+                stderr=subprocess.STDOUT,
+                start_new_session=self.own_session,
+            )
         )
         self.node_dirs.append(d)
         return i
@@ -283,48 +303,99 @@ def _summary(swarm: LocalSwarm, codes: list[int | None]) -> str:
     return "\n".join(rows)
 
 
-def main(steps: int = 30, n_nodes: int = 3) -> int:
-    """Run the demo; 0 when every node trained ``steps`` steps and stopped cleanly, else 1."""
-    print(
-        f"distro-node demo: a coordinator and {n_nodes} nodes on loopback, {steps} steps of the built-in GPT"
-    )
+FIRST_STEP_S = 120.0
+"""Deadline for every node's first step (start-up: torch, p2pd, the mesh); on an idle 2-core
+machine it takes well under 60 s."""
+STEP_S = 60.0
+"""Deadline for each later step of the slowest node."""
+
+
+def _print_step(swarm: LocalSwarm, step: int, n_nodes: int) -> None:
+    """One line for ``step`` (the slowest node's): each node's loss, peers and upload rate."""
+    st = [swarm.status(i) for i in range(n_nodes)]
+    loss = " ".join(f"{s.get('loss', float('nan')):.3f}" for s in st)
+    peers = " ".join(str(s.get("peers", "?")) for s in st)
+    up = " ".join(f"{s.get('up_bps', 0) / 1e3:.0f}" for s in st)
+    print(f"  step {step:>4}  loss {loss}  peers {peers}  up kB/s {up}", flush=True)
+
+
+def _train(swarm: LocalSwarm, steps: int | None, n_nodes: int) -> None:
+    """Until every node finished step ``steps - 1`` (``None``: until interrupted), printing each
+    step; raises ``SwarmFailure`` when a node exits or misses its deadline."""
+    last = -1
+    while steps is None or last < steps - 1:
+        timeout = FIRST_STEP_S if last < 0 else STEP_S
+        swarm.wait_steps(list(range(n_nodes)), last + 1, timeout)
+        last = min(swarm.status(i).get("step", -1) for i in range(n_nodes))
+        _print_step(swarm, last, n_nodes)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _print_logs(tmp: Path) -> None:
+    for log in sorted(tmp.glob("*.log")):
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        print(f"--- {log.name} (last lines)\n{tail}", file=sys.stderr)
+
+
+def main(steps: int | None = None, n_nodes: int = 3) -> int:
+    """Run the demo: until SIGINT/SIGTERM (``steps`` None) or ``steps`` steps. 0 when every node
+    stopped cleanly with bit-identical replicas, 1 on a failure, 130 on a second interrupt."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started with SIGINT ignored
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    interrupted = False
     with _folder() as tmp:
         run = write_run(tmp, "demo")
         try:
-            with LocalSwarm(tmp, run, "demo", log=False) as swarm:
-                print(f"coordinator at {swarm.start_coordinator()}")
-                print(f"dashboard at {swarm.url}/dashboard/?run=demo  (live while the demo runs)")
-                for _ in range(n_nodes):
-                    swarm.start_node("--max-steps", str(steps + 1000), min_peers=n_nodes, status="line")
-                last = -1
-                end = time.monotonic() + 60 + steps * 5
-                while last < steps - 1:
-                    swarm.wait_steps(list(range(n_nodes)), last + 1, max(1.0, end - time.monotonic()))
-                    last = min(swarm.status(i).get("step", -1) for i in range(n_nodes))
-                    for i in range(n_nodes):
-                        s = swarm.status(i)
-                        print(f"  node {i}: step {s['step']:>3}  loss {s['loss']:.3f}  peers {s['peers']}  "
-                              f"up {s['up_bps'] / 1e3:6.1f} kB/s  down {s['down_bps'] / 1e3:6.1f} kB/s  "
-                              f"shard {s['shard']}")  # fmt: skip
+            with LocalSwarm(tmp, run, "demo", own_session=True) as swarm:
+                try:
+                    swarm.start_coordinator()
+                    print(f"dashboard: {swarm.url}/dashboard/?run=demo", flush=True)
+                    until = "Ctrl-C" if steps is None else f"{steps} steps"
+                    print(f"distro-node demo: a coordinator and {n_nodes} nodes on loopback train the "
+                          f"built-in GPT until {until}; per step, each node's loss, peers and upload:",
+                          flush=True)  # fmt: skip
+                    bound = () if steps is None else ("--max-steps", str(steps + 1000))  # no orphan runs on
+                    for _ in range(n_nodes):
+                        swarm.start_node(*bound, min_peers=n_nodes, status="line")
+                    _train(swarm, steps, n_nodes)
+                except KeyboardInterrupt:
+                    interrupted = True
+                    print("\nstopping: SIGTERM to every node, then the coordinator", flush=True)
                 codes = swarm.stop_all()
-                print("\n" + _summary(swarm, codes))
-                identical = len(common_digests(swarm, list(range(n_nodes)))[1]) == 1
+                print("\n" + _summary(swarm, codes), flush=True)
+                step, digests = common_digests(swarm, list(range(len(codes))))
+                # interrupted before the nodes shared a step: nothing to compare
+                identical = len(digests) == 1 or (interrupted and step < 0)
         except SwarmFailure as e:
             print(f"demo FAILED: {e}", file=sys.stderr)
-            for log in sorted(tmp.glob("*.log")):
-                print(
-                    f"--- {log.name} (last lines)\n"
-                    + "\n".join(log.read_text(errors="replace").splitlines()[-15:]),
-                    file=sys.stderr,
-                )
+            _print_logs(tmp)
             return 1
+        except KeyboardInterrupt:  # a second one while stopping: LocalSwarm's exit killed the rest
+            print("\ninterrupted again: stopped what was left", file=sys.stderr)
+            return 130
     if any(c != 0 for c in codes) or not identical:
         print(f"demo FAILED: exit codes {codes}, replicas identical: {identical}", file=sys.stderr)
         return 1
-    print("\ndemo OK: every node trained and stopped cleanly (SIGTERM → exit 0).")
+    how = "interrupted" if interrupted else f"{steps} steps"
+    print(f"\ndemo OK ({how}): every node trained and stopped cleanly (SIGTERM → exit 0).")
     print("The payload codec benchmark is `distro-node bench codec --quick`.")
     return 0
 
 
+def steps_from_env(environ: Mapping[str, str] | None = None) -> int | None:
+    """``DEMO_STEPS`` as a step count (``None`` when unset, empty or 0: train until Ctrl-C)."""
+    raw = (os.environ if environ is None else environ).get("DEMO_STEPS", "").strip()
+    try:
+        n = int(raw or "0")
+    except ValueError:
+        raise SystemExit(f"DEMO_STEPS must be a whole number of steps, got {raw!r}") from None
+    if n < 0:
+        raise SystemExit(f"DEMO_STEPS must be >= 0, got {n}")
+    return n or None
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(steps_from_env()))

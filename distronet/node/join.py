@@ -9,6 +9,12 @@ Shutdown has a deadline: from the first SIGINT/SIGTERM (or the end of the run) a
 thread gives the process ``shutdown_timeout_s`` (+ ``WATCHDOG_GRACE_S``) to exit; past it, it
 logs the daemon's shutdown stage, dumps every thread's stack to stderr (``faulthandler``) and
 exits with ``ExitCode.SHUTDOWN_TIMEOUT``. SIGUSR1 dumps every thread's stack at any time.
+
+Process tuning comes from the config and is applied here, in the open: ``train.omp_spincount``
+as ``GOMP_SPINCOUNT`` before torch loads (``tune_torch_env``), ``event_loop`` for the loop
+(``_run``); ``net.p2pd_gogc`` goes to p2pd's own environment (``swarm/p2p.py``). The collector
+is a design, not a knob: off while the node is built, then everything built frozen out of every
+later collection (``_main``, ``run_node``).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from distronet.node.config import NodeConfig, add_config_arguments, config_from_
 from distronet.node.exitcodes import ExitCode
 from distronet.protocol.errors import ConfigError
 
-__all__ = ["ShutdownWatchdog", "add_parser", "run_node"]
+__all__ = ["ShutdownWatchdog", "add_parser", "run_node", "tune_torch_env"]
 
 log = logging.getLogger("distronet.node")
 WATCHDOG_GRACE_S = 3.0  # past shutdown_timeout_s, the watchdog forces exit
@@ -154,11 +160,22 @@ async def run_node(cfg: NodeConfig) -> int:
                 signal.signal(sig, lambda *_: _force_exit())
 
 
-def _run(main: Coroutine[Any, Any, int]) -> int:
+def tune_torch_env(cfg: NodeConfig) -> None:
+    """Export ``GOMP_SPINCOUNT = train.omp_spincount`` (0: leave the environment's) for torch's
+    OpenMP workers. libgomp reads it once, when torch loads: call before ``preload_torch``."""
+    spin = cfg.train.omp_spincount
+    if not spin:
+        return
+    if "torch" in sys.modules:  # pragma: no cover - a programming error, not a user's
+        log.warning("torch is already loaded: omp_spincount=%d has no effect", spin)
+    os.environ["GOMP_SPINCOUNT"] = str(spin)
+
+
+def _run(main: Coroutine[Any, Any, int], event_loop: str) -> int:
     """Run the daemon's coroutine on uvloop (a hivemind dependency; its loop costs the node ~3 ms
     of CPU a step less than asyncio's), or on asyncio's loop where uvloop is missing or
-    ``DISTRO_EVENT_LOOP=asyncio`` asks for it."""
-    if os.environ.get("DISTRO_EVENT_LOOP", "uvloop") != "asyncio":
+    ``event_loop="asyncio"`` asks for it."""
+    if event_loop == "uvloop":
         try:
             import uvloop
         except ImportError:
@@ -185,10 +202,11 @@ def _main(args: argparse.Namespace) -> int:
     gc.disable()
     from distronet.node.daemon.parts import preload_torch, warm_decoder
 
+    tune_torch_env(cfg)
     preload_torch()  # while the node connects; also keeps TorchDynamo out (~2 CPU-s less)
     warm_decoder()
     try:
-        return _run(run_node(cfg))
+        return _run(run_node(cfg), cfg.event_loop)
     except ConfigError as e:
         print(f"distro-node join: {e}", file=sys.stderr)
         return int(ExitCode.USAGE)

@@ -396,3 +396,15 @@ async def test_unreachable_bootstrap_is_a_typed_error_and_leaves_no_daemon(tmp_p
 async def test_missing_identity_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         await SwarmHost.start(SwarmConfig(identity_path=str(tmp_path / "nope.key"), nat_traversal=False))
+
+
+async def test_p2pd_child_gets_gogc_and_we_keep_our_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``SwarmConfig.gogc`` (the node's ``net.p2pd_gogc``) is in p2pd's environment, not ours."""
+    monkeypatch.delenv("GOGC", raising=False)
+    host = await SwarmHost.start(SwarmConfig(nat_traversal=False, gogc=400))
+    try:
+        assert host.pid is not None
+        assert psutil.Process(host.pid).environ().get("GOGC") == "400"
+        assert "GOGC" not in os.environ
+    finally:
+        await host.close()

@@ -127,6 +127,7 @@ async def start_swarm(
             metrics_addr=metrics,
             nat_traversal=net.nat_traversal,
             gossip_heartbeat_s=net.gossip_heartbeat_s,
+            gogc=net.p2pd_gogc,
         )
 
     if bootstrap:

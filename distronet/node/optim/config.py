@@ -1,6 +1,18 @@
-"""``DistroConfig``: every knob of the DisTrO optimizer, frozen, with named presets.
+"""``DistroConfig``: the DisTrO optimizer's configuration, one frozen part per concern, with presets.
 
-Presets (``preset(name, **overrides)``):
+    DistroConfig
+    ├── schedule: Schedule       the learning rate: peak, warm-up, decay
+    ├── extraction: Extraction   what travels: DCT momentum, chunk, top-k, value/index coding
+    ├── update: UpdateConfig     how the aggregate becomes the step: rule, weight decay, outer momentum
+    ├── overlap: Overlap         applying rounds one step late, and the guess that stands in meanwhile
+    └── run_id                   the run the packets are sealed for
+
+Each part validates itself in ``__post_init__`` and raises ``FieldError`` (a ``ConfigError``)
+naming the field as ``part.field``. ``build(flat)`` and ``preset(name, **overrides)`` take the
+flat keys of the run file's ``[optimizer]`` table (``FLAT_KEYS``: ``lr``, ``k``, ``overlap``,
+``overlap_scale``...) and nested part tables (``schedule = {lr = 0.01}``) alike.
+
+Presets (``PRESETS``):
 
 * ``demo_reference`` — DeMo as published (``bloc97/DeMo``): β 0.999, chunk 64, k 32, fp32 values,
   fixed-width indices, the learning rate inside the momentum (``m ← β·m + lr·g``), sign of the
@@ -12,15 +24,14 @@ Presets (``preset(name, **overrides)``):
   orthogonalised update of the hidden matrices and an Adam-normalised update (second moment of
   the aggregate, identical on every replica) for embeddings, the output head and 1-D tensors.
 
-Update rules (``UpdateRule``), applied to the mean aggregate ``D`` of one tensor:
+Update rules (``UpdateRule``), applied to the mean aggregate ``D`` of one tensor (``update.py``):
 
 * ``SIGN``: ``sign(D)`` (DeMo).
 * ``RMS``: ``D / rms(D)`` — keeps relative magnitudes, same RMS (1) as sign.
 * ``ADAM``: ``D / (sqrt(v̂) + ε)`` with ``v ← β₂·v + (1 − β₂)·D²`` kept per element (identical on
   every replica, since every replica sees the same ``D``): Adam's normalisation of the aggregate.
 * ``ORTHO``: for hidden 2-D matrices Newton–Schulz orthogonalisation (Muon) scaled to RMS 1;
-  tensors whose name contains one of ``ortho_skip`` (embeddings, output head) and tensors of
-  rank != 2 use ``fallback``.
+  embeddings and the output head (``ORTHO_SKIP``) and tensors of rank != 2 use ``fallback``.
 """
 
 from __future__ import annotations
@@ -28,12 +39,36 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from distronet.kernels.coding import IndexCoding, ValueCoding
 from distronet.protocol.errors import ConfigError
 
-__all__ = ["PACKET_BYTES_DEFAULT_GPT", "PRESETS", "DistroConfig", "UpdateRule", "lr_at", "preset"]
+__all__ = [
+    "FLAT_KEYS",
+    "ORTHO_SKIP",
+    "PACKET_BYTES_DEFAULT_GPT",
+    "PRESETS",
+    "DistroConfig",
+    "Extraction",
+    "FieldError",
+    "Overlap",
+    "Schedule",
+    "UpdateConfig",
+    "UpdateRule",
+    "build",
+    "lr_at",
+    "preset",
+]
+
+
+class FieldError(ConfigError):
+    """One optimizer field is invalid; ``field`` names it as ``part.field`` (``schedule.lr``)."""
+
+    def __init__(self, field: str, msg: str) -> None:
+        super().__init__(f"optimizer {field}: {msg}")
+        self.field = field
 
 
 class UpdateRule(str, enum.Enum):
@@ -45,112 +80,102 @@ class UpdateRule(str, enum.Enum):
     ORTHO = "ortho"
 
 
+ORTHO_SKIP: tuple[str, ...] = ("wte", "wpe", "lm_head", "embed", "head")
+"""Name parts of the tensors that ``ORTHO`` leaves to ``fallback``: embeddings and the output
+head, whose rows are looked up one token at a time (orthogonalising them mixes tokens)."""
+
+
+def _check(part: str, field: str, ok: bool, msg: str) -> None:
+    if not ok:
+        raise FieldError(f"{part}.{field}", msg)
+
+
+def _enum(obj: object, part: str, field: str, enum_type: type[enum.Enum]) -> None:
+    """Coerce ``obj.field`` from a member name or value (TOML strings) to ``enum_type``."""
+    value = getattr(obj, field)
+    if isinstance(value, enum_type):
+        return
+    try:
+        member = (
+            enum_type[value]
+            if isinstance(value, str) and value in enum_type.__members__
+            else enum_type(value)
+        )
+    except (KeyError, ValueError) as e:
+        raise FieldError(f"{part}.{field}", f"unknown value {value!r}") from e
+    object.__setattr__(obj, field, member)
+
+
 @dataclasses.dataclass(frozen=True)
-class DistroConfig:
-    """The DisTrO optimizer's configuration. Invalid values raise ``ConfigError``.
-
-    Learning rate: ``lr`` is the peak; linear warm-up over ``warmup_steps``, then ``decay``
-    (``"cosine"``, ``"linear"`` or ``"constant"``) down to ``min_lr_ratio * lr`` at
-    ``total_steps`` (0 = no decay).
-
-    Extraction: each tensor is cut into chunks (``chunk``); momentum lives in DCT space; the
-    ``k`` largest coefficients per chunk travel, coded with ``value_coding``/``index_coding``.
-    Tensors with ``numel <= dense_max_numel`` (or of rank <= 1 when ``dense_1d``) travel dense
-    (every coefficient, no index bits) with ``dense_value_coding``. ``k_start`` > ``k`` starts
-    with a larger k and decays it linearly to ``k`` over ``k_decay_steps``.
-
-    Overlap (``overlap``): rounds apply one step late from step ``overlap_start`` on (earlier
-    steps run synchronously); ``overlap_lookahead`` stands in a guess of the update in flight,
-    scaled by ``overlap_scale`` (in [0, 2]); ``overlap_predict`` says which: ``"last"`` (the
-    previous update) or ``"own"`` (the rule applied to this peer's own packet for that step) or
-    ``"ema"`` (a running mean of the applied updates with factor ``overlap_ema``) or ``"eager"``
-    (the rule applied to the last round's aggregate with this peer's part swapped for its fresh
-    packet: its own contribution fresh, the other peers' one step late; ``overlap_eager.py``).
-
-    Outer momentum (``outer_momentum`` μ > 0): every replica keeps the same buffer of the mean
-    aggregates, ``M ← μ·M + D`` (replicated state, parameter shape), and the update rule is
-    applied to ``M`` — or, with ``outer_nesterov``, to ``D + μ·M`` — instead of ``D``. At small
-    k each round's aggregate is sparse and noisy; ``M`` carries it across rounds.
-    """
+class Schedule:
+    """The learning rate: peak ``lr``, linear warm-up over ``warmup_steps``, then ``decay``
+    (``"cosine"``, ``"linear"`` or ``"constant"``) down to ``min_lr_ratio · lr`` at
+    ``total_steps`` (0 = no decay)."""
 
     lr: float = 1e-3
-    beta: float = 0.999
-    chunk: int = 64
-    k: int = 32
-    value_coding: ValueCoding = ValueCoding.FP32
-    index_coding: IndexCoding = IndexCoding.FIXED
-    lr_in_momentum: bool = False
-    update: UpdateRule = UpdateRule.SIGN
-    weight_decay: float = 0.0
-    dense_1d: bool = False
-    dense_max_numel: int = 0
-    dense_value_coding: ValueCoding = ValueCoding.FP32
-    k_start: int = 0
-    k_decay_steps: int = 0
     warmup_steps: int = 0
     total_steps: int = 0
     decay: str = "cosine"
     min_lr_ratio: float = 0.1
-    overlap: bool = False
-    overlap_lookahead: bool = True
-    overlap_predict: str = "last"
-    overlap_ema: float = 0.9
-    overlap_scale: float = 1.0
-    overlap_start: int = 0
-    outer_momentum: float = 0.0
-    outer_nesterov: bool = False
-    ns_steps: int = 5
-    beta2: float = 0.99
-    adam_eps: float = 1e-8
-    fallback: UpdateRule = UpdateRule.RMS
-    ortho_skip: tuple[str, ...] = ("wte", "wpe", "lm_head", "embed", "head")
-    eps: float = 1e-12
-    run_id: str = "local"
 
     def __post_init__(self) -> None:
-        _check(math.isfinite(self.lr) and self.lr > 0, f"lr must be a positive number, got {self.lr}")
-        _check(0.0 <= self.beta < 1.0, f"beta must be in [0, 1), got {self.beta}")
-        _check(1 <= self.chunk <= 4096, f"chunk must be in [1, 4096], got {self.chunk}")
-        _check(self.k >= 1, f"k must be >= 1, got {self.k}")
-        _check(self.k_start == 0 or self.k_start >= self.k, "k_start must be 0 or >= k")
-        _check(self.k_decay_steps >= 0, "k_decay_steps must be >= 0")
-        _check(self.weight_decay >= 0.0, f"weight_decay must be >= 0, got {self.weight_decay}")
-        _check(self.dense_max_numel >= 0, "dense_max_numel must be >= 0")
-        _check(self.warmup_steps >= 0 and self.total_steps >= 0, "warmup_steps/total_steps must be >= 0")
-        _check(self.decay in ("cosine", "linear", "constant"), f"unknown decay {self.decay!r}")
+        c = "schedule"
+        _check(c, "lr", math.isfinite(self.lr) and self.lr > 0, f"must be a positive number, got {self.lr}")
+        _check(c, "warmup_steps", self.warmup_steps >= 0, f"must be >= 0, got {self.warmup_steps}")
+        _check(c, "total_steps", self.total_steps >= 0, f"must be >= 0, got {self.total_steps}")
+        _check(c, "decay", self.decay in ("cosine", "linear", "constant"), f"unknown decay {self.decay!r}")
         _check(
-            self.overlap_predict in ("last", "own", "ema", "eager"),
-            f"unknown overlap_predict {self.overlap_predict!r}",
+            c, "min_lr_ratio", 0.0 <= self.min_lr_ratio <= 1.0, f"must be in [0, 1], got {self.min_lr_ratio}"
         )
-        _check(0.0 <= self.overlap_ema < 1.0, f"overlap_ema must be in [0, 1), got {self.overlap_ema}")
-        _check(0.0 <= self.overlap_scale <= 2.0, f"overlap_scale must be in [0, 2], got {self.overlap_scale}")
-        _check(self.overlap_start >= 0, f"overlap_start must be >= 0, got {self.overlap_start}")
-        _check(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        _check(0.0 <= self.outer_momentum < 1.0, f"outer_momentum not in [0, 1): {self.outer_momentum}")
-        _check(1 <= self.ns_steps <= 20, f"ns_steps must be in [1, 20], got {self.ns_steps}")
-        _check(self.eps > 0 and self.adam_eps > 0, "eps and adam_eps must be > 0")
-        _check(0.0 <= self.beta2 < 1.0, f"beta2 must be in [0, 1), got {self.beta2}")
-        _check(bool(self.run_id), "run_id must not be empty")
-        for name, enum_type in (
-            ("value_coding", ValueCoding),
-            ("index_coding", IndexCoding),
-            ("dense_value_coding", ValueCoding),
-            ("update", UpdateRule),
-            ("fallback", UpdateRule),
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, enum_type):
-                try:
-                    object.__setattr__(
-                        self,
-                        name,
-                        enum_type[value]
-                        if isinstance(value, str) and value in enum_type.__members__
-                        else enum_type(value),
-                    )
-                except (KeyError, ValueError) as e:
-                    raise ConfigError(f"{name}: unknown value {value!r}") from e
-        _check(self.fallback is not UpdateRule.ORTHO, "fallback cannot be ORTHO")
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate at ``step`` (0-based)."""
+        if self.warmup_steps and step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        if not self.total_steps or self.decay == "constant":
+            return self.lr
+        span = max(1, self.total_steps - self.warmup_steps)
+        frac = min(1.0, max(0.0, (step - self.warmup_steps) / span))
+        floor = self.min_lr_ratio
+        if self.decay == "linear":
+            return self.lr * (1.0 - (1.0 - floor) * frac)
+        return self.lr * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * frac)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Extraction:
+    """What travels. Momentum ``m ← β·m + g`` lives in DCT space (``lr_in_momentum``: ``+ lr·g``,
+    DeMo's form); each tensor is cut into ``chunk``-sized blocks and the ``k`` largest coefficients
+    per block travel, coded with ``value_coding`` / ``index_coding``. With ``dense_1d`` tensors of
+    rank <= 1 travel dense (every coefficient, no index bits) with ``dense_value_coding``.
+    ``k_start`` > ``k`` starts with a larger k and decays it linearly to ``k`` over ``k_decay_steps``."""
+
+    beta: float = 0.999
+    lr_in_momentum: bool = False
+    chunk: int = 64
+    k: int = 32
+    k_start: int = 0
+    k_decay_steps: int = 0
+    value_coding: ValueCoding = ValueCoding.FP32
+    index_coding: IndexCoding = IndexCoding.FIXED
+    dense_1d: bool = False
+    dense_value_coding: ValueCoding = ValueCoding.FP32
+
+    def __post_init__(self) -> None:
+        c = "extraction"
+        _check(c, "beta", 0.0 <= self.beta < 1.0, f"must be in [0, 1), got {self.beta}")
+        _check(c, "chunk", 1 <= self.chunk <= 4096, f"must be in [1, 4096], got {self.chunk}")
+        _check(c, "k", self.k >= 1, f"must be >= 1, got {self.k}")
+        _check(
+            c,
+            "k_start",
+            self.k_start == 0 or self.k_start >= self.k,
+            f"must be 0 or >= k, got {self.k_start}",
+        )
+        _check(c, "k_decay_steps", self.k_decay_steps >= 0, f"must be >= 0, got {self.k_decay_steps}")
+        _enum(self, c, "value_coding", ValueCoding)
+        _enum(self, c, "index_coding", IndexCoding)
+        _enum(self, c, "dense_value_coding", ValueCoding)
 
     def k_at(self, step: int) -> int:
         """The top-k per chunk used at ``step`` (the k schedule)."""
@@ -160,23 +185,121 @@ class DistroConfig:
         return max(self.k, round(self.k_start + (self.k - self.k_start) * frac))
 
 
-def _check(ok: bool, msg: str) -> None:
-    if not ok:
-        raise ConfigError(f"DistroConfig: {msg}")
+@dataclasses.dataclass(frozen=True)
+class UpdateConfig:
+    """How the mean aggregate ``D`` becomes the step: ``rule`` (``fallback`` for the tensors
+    ``ORTHO`` skips), decoupled ``weight_decay`` (``θ ← θ·(1 − lr·λ)``), and outer momentum
+    (``outer_momentum`` μ > 0): every replica keeps the same buffer ``M ← μ·M + D`` (replicated
+    state, parameter shape) and the rule is applied to ``M`` — or, with ``outer_nesterov``, to
+    ``D + μ·M`` — instead of ``D``."""
+
+    rule: UpdateRule = UpdateRule.SIGN
+    fallback: UpdateRule = UpdateRule.RMS
+    weight_decay: float = 0.0
+    outer_momentum: float = 0.0
+    outer_nesterov: bool = False
+
+    def __post_init__(self) -> None:
+        c = "update"
+        _enum(self, c, "rule", UpdateRule)
+        _enum(self, c, "fallback", UpdateRule)
+        _check(c, "fallback", self.fallback is not UpdateRule.ORTHO, "cannot be ORTHO")
+        _check(c, "weight_decay", self.weight_decay >= 0.0, f"must be >= 0, got {self.weight_decay}")
+        _check(c, "outer_momentum", 0.0 <= self.outer_momentum < 1.0, f"not in [0, 1): {self.outer_momentum}")
+
+
+PREDICTORS = ("last", "own", "ema")
+
+
+@dataclasses.dataclass(frozen=True)
+class Overlap:
+    """Rounds applied one step late (``enabled``) from step ``start`` on (earlier steps run
+    synchronously). With ``lookahead`` the parameters stand at the consensus minus ``scale``
+    (in [0, 2]) times a guess of the update in flight; ``predict`` says which guess: ``"last"``
+    (the previous update), ``"own"`` (the rule applied to this peer's own packet for that step) or
+    ``"ema"`` (a running mean of the applied updates, factor 0.9)."""
+
+    enabled: bool = False
+    lookahead: bool = True
+    predict: str = "last"
+    scale: float = 1.0
+    start: int = 0
+
+    def __post_init__(self) -> None:
+        c = "overlap"
+        _check(
+            c,
+            "predict",
+            self.predict in PREDICTORS,
+            f"unknown {self.predict!r}; known: {', '.join(PREDICTORS)}",
+        )
+        _check(c, "scale", 0.0 <= self.scale <= 2.0, f"must be in [0, 2], got {self.scale}")
+        _check(c, "start", self.start >= 0, f"must be >= 0, got {self.start}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DistroConfig:
+    """The DisTrO optimizer's configuration (module docstring); every part validated on its own."""
+
+    schedule: Schedule = Schedule()
+    extraction: Extraction = Extraction()
+    update: UpdateConfig = UpdateConfig()
+    overlap: Overlap = Overlap()
+    run_id: str = "local"
+
+    def __post_init__(self) -> None:
+        if not self.run_id:
+            raise FieldError("run_id", "must not be empty")
+
+
+_PARTS: dict[str, type[Any]] = {
+    "schedule": Schedule,
+    "extraction": Extraction,
+    "update": UpdateConfig,
+    "overlap": Overlap,
+}
+
+FLAT_KEYS: dict[str, tuple[str, str]] = {
+    **{f.name: ("schedule", f.name) for f in dataclasses.fields(Schedule)},
+    **{f.name: ("extraction", f.name) for f in dataclasses.fields(Extraction)},
+    "update": ("update", "rule"),
+    **{f.name: ("update", f.name) for f in dataclasses.fields(UpdateConfig) if f.name != "rule"},
+    "overlap": ("overlap", "enabled"),
+    **{f"overlap_{f.name}": ("overlap", f.name) for f in dataclasses.fields(Overlap) if f.name != "enabled"},
+}
+"""The flat keys (``[optimizer]``, presets, ``bench converge --set``) and the field each sets."""
+
+
+def build(fields: Mapping[str, Any]) -> DistroConfig:
+    """A ``DistroConfig`` from flat keys (``FLAT_KEYS``), part tables (``{"schedule": {"lr": 1}}``,
+    applied after the flat keys) and ``run_id``. Raises ``ConfigError`` for an unknown key."""
+    parts: dict[str, dict[str, Any]] = {name: {} for name in _PARTS}
+    tables: dict[str, Mapping[str, Any]] = {}
+    run_id = "local"
+    bad: list[str] = []
+    for key, value in fields.items():
+        if key == "run_id":
+            run_id = str(value)
+        elif key in _PARTS and isinstance(value, Mapping):
+            tables[key] = value
+        elif key in FLAT_KEYS:
+            part, name = FLAT_KEYS[key]
+            parts[part][name] = value
+        else:
+            bad.append(key)
+    for part, table in tables.items():
+        known = {f.name for f in dataclasses.fields(_PARTS[part])}
+        bad += [f"{part}.{k}" for k in table if k not in known]
+        parts[part].update(table)
+    if bad:
+        raise ConfigError(f"unknown optimizer field(s): {', '.join(sorted(bad))}")
+    built = {name: cls(**parts[name]) for name, cls in _PARTS.items()}
+    return DistroConfig(**built, run_id=run_id)
 
 
 def lr_at(cfg: DistroConfig, step: int) -> float:
-    """The learning rate at ``step`` (0-based): linear warm-up, then the configured decay."""
-    if cfg.warmup_steps and step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    if not cfg.total_steps or cfg.decay == "constant":
-        return cfg.lr
-    span = max(1, cfg.total_steps - cfg.warmup_steps)
-    frac = min(1.0, max(0.0, (step - cfg.warmup_steps) / span))
-    floor = cfg.min_lr_ratio
-    if cfg.decay == "linear":
-        return cfg.lr * (1.0 - (1.0 - floor) * frac)
-    return cfg.lr * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * frac)))
+    """The learning rate at ``step`` (0-based): ``cfg.schedule.lr_at(step)``."""
+    return cfg.schedule.lr_at(step)
 
 
 _OURS: dict[str, Any] = dict(
@@ -226,18 +349,15 @@ PRESETS: dict[str, dict[str, Any]] = {
         dense_value_coding=ValueCoding.SIGN1,
     ),
 }
-"""Named presets: field overrides on top of ``DistroConfig``'s defaults."""
+"""Named presets: flat keys (``FLAT_KEYS``) over the parts' defaults."""
 
 
 def preset(name: str, **overrides: Any) -> DistroConfig:
-    """The named preset with ``overrides`` applied. Raises ``ConfigError`` for an unknown name/field."""
+    """The named preset with ``overrides`` (flat keys or part tables, as ``build``) applied.
+    Raises ``ConfigError`` for an unknown name or field, ``FieldError`` for a bad value."""
     if name not in PRESETS:
         raise ConfigError(f"unknown optimizer preset {name!r}; known: {', '.join(sorted(PRESETS))}")
-    fields = {f.name for f in dataclasses.fields(DistroConfig)}
-    bad = sorted(set(overrides) - fields)
-    if bad:
-        raise ConfigError(f"unknown DistroConfig field(s): {', '.join(bad)}")
-    return DistroConfig(**{**PRESETS[name], **overrides})
+    return build({**PRESETS[name], **overrides})
 
 
 PACKET_BYTES_DEFAULT_GPT: dict[str, int] = {

@@ -15,17 +15,15 @@ runs the same kernels, so all replicas apply a bit-identical update (on CPU; CUD
 atomics). If this peer's own packet is not in the accepted set, what it sent is added back to
 its momentum, so nothing is lost.
 
-Overlap (``cfg.overlap``): ``step`` publishes step t's packet and applies round t − 1, so the
-exchange of t runs while t + 1 computes (steps before ``overlap_start`` run synchronously). The
+Overlap (``cfg.overlap.enabled``): ``step`` publishes step t's packet and applies round t − 1, so
+the exchange of t runs while t + 1 computes (steps before ``overlap.start`` run synchronously). The
 replicas keep a bit-identical *consensus* copy θ̄ that only ever receives aggregated updates; the
-model's parameters are θ̄ − α·lr_{t}·Ĝ (``overlap_lookahead``, α = ``overlap_scale``): a guess Ĝ
+model's parameters are θ̄ − α·lr_{t}·Ĝ (``overlap.lookahead``, α = ``overlap.scale``): a guess Ĝ
 stands in for the update U_t still in flight and is replaced (corrected) by the real one when it
-arrives. Ĝ (``overlap_predict``): ``"last"`` the last applied update U_{t−1}, ``"ema"`` a running
+arrives. Ĝ (``overlap.predict``): ``"last"`` the last applied update U_{t−1}, ``"ema"`` a running
 mean of the applied updates (replicated state), ``"own"`` the rule applied to this peer's own
 packet for step t (through the outer-momentum buffer when there is one; the parameters then
-differ between replicas by their guesses, the consensus never does), ``"eager"`` the rule applied
-to round t − 1's aggregate with this peer's part swapped for its packet of step t
-(``overlap_eager.py``; measured worse than ``"own"``: the other peers' stale parts are noise).
+differ between replicas by their guesses, the consensus never does).
 Consecutive DisTrO updates are nearly uncorrelated (top-k extraction drains what was sent), so
 ``"last"`` predicts U_t poorly (cosine ≈ 0.05 on the default GPT) and ``"own"`` best (≈ 0.45;
 docs/decisions/overlap.md). ``flush()`` applies the last round and sets θ = θ̄.
@@ -49,8 +47,7 @@ from distronet.kernels.dct import dct_chunks
 from distronet.kernels.decode import decode_sum
 from distronet.node.exchange.base import Exchange, Round
 from distronet.node.optim.aggregate import round_sums
-from distronet.node.optim.config import DistroConfig, UpdateRule, lr_at
-from distronet.node.optim.overlap_eager import EagerBase
+from distronet.node.optim.config import ORTHO_SKIP, DistroConfig, UpdateRule, lr_at
 from distronet.node.optim.packets import (
     DecodeCache,
     SentTensor,
@@ -60,11 +57,14 @@ from distronet.node.optim.packets import (
     open_round,
     run_digest,
 )
-from distronet.node.optim.update import apply_rule
+from distronet.node.optim.update import ADAM_BETA2, ADAM_EPS, apply_rule
 from distronet.protocol.errors import ConfigError, RejectCode
 from distronet.protocol.identity import Identity
 
 __all__ = ["DistroOptimizer", "StepReport"]
+
+_EMA = 0.9
+"""The ``"ema"`` guess's factor: a mean over the last ~10 applied updates."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +108,7 @@ class DistroOptimizer(torch.optim.Optimizer):
         for name, p in named:
             if not p.is_floating_point():
                 raise ConfigError(f"parameter {name} is not floating point ({p.dtype})")
-        super().__init__([p for _, p in named], {"lr": cfg.lr})
+        super().__init__([p for _, p in named], {"lr": cfg.schedule.lr})
         self.cfg = cfg
         self.exchange = exchange
         self.identity = identity
@@ -121,13 +121,12 @@ class DistroOptimizer(torch.optim.Optimizer):
             st["momentum"] = torch.zeros(
                 (plan.layout.n_chunks, plan.layout.chunk_numel), dtype=torch.float32, device=p.device
             )
-            if cfg.overlap:
+            if cfg.overlap.enabled:
                 st["consensus"] = p.detach().clone()
         self._t = 0
         self._begun = False
         self._pending: dict[int, _Pending] = {}
         self._last_u: list[torch.Tensor] = []  # overlap: the last applied update of each parameter
-        self._eager: EagerBase | None = None  # overlap "eager": the last round's aggregate and own part
         self.reports: list[StepReport] = []
 
     @property
@@ -144,7 +143,7 @@ class DistroOptimizer(torch.optim.Optimizer):
         """The first round this replica has not applied: step ``t - 1`` when step ``t`` (the next
         to run) is overlapped and collects it, else ``t``."""
         t = self._t
-        return t - 1 if self.overlapped(t) and t - 1 >= self.cfg.overlap_start else t
+        return t - 1 if self.overlapped(t) and t - 1 >= self.cfg.overlap.start else t
 
     @torch.no_grad()
     def apply_replayed(self, rnd: Round) -> None:
@@ -157,7 +156,7 @@ class DistroOptimizer(torch.optim.Optimizer):
             raise ConfigError(f"replayed round {rnd.step}, but round {self.rounds_due()} is due")
         self._apply(rnd, lookahead=False)
         u = rnd.step
-        self._t = u + 2 if self.cfg.overlap and u + 1 >= self.cfg.overlap_start else u + 1
+        self._t = u + 2 if self.cfg.overlap.enabled and u + 1 >= self.cfg.overlap.start else u + 1
         self._begun = False
 
     def _momenta(self) -> list[torch.Tensor]:
@@ -169,15 +168,15 @@ class DistroOptimizer(torch.optim.Optimizer):
 
         Raises ``PeerDead`` (from the exchange) when this peer is gone.
         """
-        t, cfg = self._t, self.cfg
+        t, cfg, ex = self._t, self.cfg, self.cfg.extraction
         lr = lr_at(cfg, t)
         for group in self.param_groups:
             group["lr"] = lr
         momenta = self._momenta()
         for plan, p, m in zip(self.plans, self._params, momenta, strict=True):
             g = p.grad if p.grad is not None else torch.zeros_like(p)
-            m.mul_(cfg.beta).add_(
-                dct_chunks(g.detach().float(), plan.layout), alpha=lr if cfg.lr_in_momentum else 1.0
+            m.mul_(ex.beta).add_(
+                dct_chunks(g.detach().float(), plan.layout), alpha=lr if ex.lr_in_momentum else 1.0
             )
         frame, sent = build_packet(self.plans, momenta, cfg, t, self.identity, self.digest)
         for m, s in zip(momenta, sent, strict=True):
@@ -194,9 +193,9 @@ class DistroOptimizer(torch.optim.Optimizer):
         t, cfg = self._t, self.cfg
         if not self.overlapped(t):
             self._apply(self.exchange.collect(t), lookahead=False)
-        elif t - 1 >= cfg.overlap_start:
+        elif t - 1 >= cfg.overlap.start:
             self._apply(self.exchange.collect(t - 1))
-        elif t > 0 and cfg.overlap_lookahead:  # first overlapped step: round t - 1 already applied
+        elif t > 0 and cfg.overlap.lookahead:  # first overlapped step: round t - 1 already applied
             self._set_lookahead(t, self._last_u)
         self._begun = False
         self._t += 1
@@ -204,14 +203,14 @@ class DistroOptimizer(torch.optim.Optimizer):
     def replicated_params(self) -> list[torch.Tensor]:
         """The tensors every replica holds bit-identical, in parameter order: the consensus copy
         θ̄ in overlap mode (the parameters themselves carry this peer's guess), else the parameters.
-        Digest these to check agreement (with ``overlap_predict="own"`` the parameters differ)."""
-        if self.cfg.overlap:
+        Digest these to check agreement (with ``overlap.predict="own"`` the parameters differ)."""
+        if self.cfg.overlap.enabled:
             return [self.state[p]["consensus"] for p in self._params]
         return list(self._params)
 
     def overlapped(self, step: int) -> bool:
-        """Whether ``step``'s round is applied one step late (``overlap``, from ``overlap_start``)."""
-        return self.cfg.overlap and step >= self.cfg.overlap_start
+        """Whether ``step``'s round is applied one step late (``overlap.enabled``, from ``overlap.start``)."""
+        return self.cfg.overlap.enabled and step >= self.cfg.overlap.start
 
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         """One full step: ``begin_step()`` then ``finish_step()``. Returns ``closure()``'s loss."""
@@ -226,7 +225,7 @@ class DistroOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def flush(self) -> None:
         """Overlap mode: apply the last round still in flight and drop the lookahead (θ = θ̄)."""
-        if not self.cfg.overlap or self._t == 0:
+        if not self.cfg.overlap.enabled or self._t == 0:
             return
         last = self._t - 1
         if last in self._pending and self.overlapped(last):
@@ -235,29 +234,20 @@ class DistroOptimizer(torch.optim.Optimizer):
             p.copy_(self.state[p]["consensus"])
 
     def _rule_for(self, plan: TensorPlan) -> UpdateRule:
-        cfg = self.cfg
-        if cfg.update is UpdateRule.ORTHO:
-            hidden = len(plan.layout.shape) == 2 and not any(s in plan.name for s in cfg.ortho_skip)
-            return UpdateRule.ORTHO if hidden else cfg.fallback
-        return cfg.update
+        up = self.cfg.update
+        if up.rule is UpdateRule.ORTHO:
+            hidden = len(plan.layout.shape) == 2 and not any(s in plan.name for s in ORTHO_SKIP)
+            return UpdateRule.ORTHO if hidden else up.fallback
+        return up.rule
 
     def _direction(self, plan: TensorPlan, p: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-        cfg, st = self.cfg, self.state[p]
+        st = self.state[p]
         rule = self._rule_for(plan)
         v = None
         if rule is UpdateRule.ADAM:
             v = st.setdefault("v", torch.zeros_like(d))
             st["n"] = st.get("n", 0) + 1
-        return apply_rule(
-            rule,
-            d,
-            ns_steps=cfg.ns_steps,
-            eps=cfg.eps,
-            v=v,
-            n=st.get("n", 1),
-            beta2=cfg.beta2,
-            adam_eps=cfg.adam_eps,
-        )
+        return apply_rule(rule, d, v=v, n=st.get("n", 1))
 
     def _update(
         self,
@@ -274,7 +264,7 @@ class DistroOptimizer(torch.optim.Optimizer):
         tid = plan.tensor_id
         d = shared[(tid, "d")]
         key = (tid, "u")
-        if self.cfg.outer_momentum:  # the rule reads this replica's outer buffer: not shared
+        if self.cfg.update.outer_momentum:  # the rule reads this replica's outer buffer: not shared
             return self._direction(plan, p, self._outer(p, d)).to(p.dtype)
         if self._rule_for(plan) is UpdateRule.ADAM:  # per-replica state: not shared
             return self._direction(plan, p, d).to(p.dtype)
@@ -286,52 +276,46 @@ class DistroOptimizer(torch.optim.Optimizer):
     def _outer(self, p: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
         """Outer momentum: ``M ← μ·M + D`` (replicated state ``"outer"``, parameter shape); returns
         ``M``, or ``D + μ·M`` with ``outer_nesterov``. ``d`` is not modified (it may be shared)."""
-        mu, st = self.cfg.outer_momentum, self.state[p]
+        mu, st = self.cfg.update.outer_momentum, self.state[p]
         buf = st.get("outer")
         if buf is None:
             buf = st["outer"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
         buf.mul_(mu).add_(d.reshape(p.shape))
-        out: torch.Tensor = d.reshape(p.shape) + mu * buf if self.cfg.outer_nesterov else buf
+        out: torch.Tensor = d.reshape(p.shape) + mu * buf if self.cfg.update.outer_nesterov else buf
         return out
 
     def _ema(self, p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """Overlap lookahead ``"ema"``: the running mean of the applied updates (replicated state,
-        ``u_ema ← β·u_ema + (1 − β)·U``, seeded with the first update), β = ``overlap_ema``."""
+        ``u_ema ← β·u_ema + (1 − β)·U``, seeded with the first update), β = ``_EMA``."""
         st = self.state[p]
         ema = st.get("u_ema")
         if ema is None:
             ema = st["u_ema"] = u.detach().clone()
         else:
-            ema.mul_(self.cfg.overlap_ema).add_(u, alpha=1.0 - self.cfg.overlap_ema)
+            ema.mul_(_EMA).add_(u, alpha=1.0 - _EMA)
         out: torch.Tensor = ema
         return out
 
-    def _predict(
-        self, plan: TensorPlan, p: torch.Tensor, sent: SentTensor, eager: EagerBase | None = None
-    ) -> torch.Tensor:
+    def _predict(self, plan: TensorPlan, p: torch.Tensor, sent: SentTensor) -> torch.Tensor:
         """Overlap lookahead from this peer's own packet for the step in flight: the rule applied
-        to what it sent (the Adam rule normalises with the current ``v``, leaving it unchanged).
-        With ``eager`` (``overlap_predict="eager"``) the rule is applied instead to the last
-        round's aggregate with this peer's part swapped for its fresh packet (``EagerBase.mix``)."""
+        to what it sent (the Adam rule normalises with the current ``v``, leaving it unchanged)."""
         d = decode_sum(plan.layout, [(sent.idx, sent.val)], dtype=torch.float32, device=p.device)
-        if eager is not None:
-            d = eager.mix(plan, p, d)
         rule = self._rule_for(plan)
         st = self.state[p]
-        mu, buf = self.cfg.outer_momentum, st.get("outer")
+        mu, buf = self.cfg.update.outer_momentum, st.get("outer")
         if mu and buf is not None:  # the outer buffer the round in flight will meet: μ·M + D
             m_next = buf.reshape(d.shape) * mu + d
-            d = d + mu * m_next if self.cfg.outer_nesterov else m_next
+            d = d + mu * m_next if self.cfg.update.outer_nesterov else m_next
         if rule is UpdateRule.ADAM and "v" in st:
-            v_hat: torch.Tensor = st["v"] / (1.0 - self.cfg.beta2 ** st.get("n", 1))
-            return (d / (v_hat.sqrt() + self.cfg.adam_eps)).to(p.dtype)
+            v_hat: torch.Tensor = st["v"] / (1.0 - ADAM_BETA2 ** st.get("n", 1))
+            return (d / (v_hat.sqrt() + ADAM_EPS)).to(p.dtype)
         if rule is UpdateRule.ADAM:
             rule = UpdateRule.RMS
-        return apply_rule(rule, d, ns_steps=self.cfg.ns_steps, eps=self.cfg.eps).to(p.dtype)
+        return apply_rule(rule, d).to(p.dtype)
 
     @torch.no_grad()
     def _apply(self, rnd: Round, *, lookahead: bool = True) -> None:
-        cfg = self.cfg
+        cfg, wd, overlap = self.cfg, self.cfg.update.weight_decay, self.cfg.overlap.enabled
         # No pending entry: with overlap, the first step after adopting the swarm's state at step
         # t collects round t - 1, which the donor had not applied yet and we sent nothing to.
         pending = self._pending.pop(rnd.step, None) or _Pending([], lr_at(cfg, rnd.step))
@@ -353,39 +337,37 @@ class DistroOptimizer(torch.optim.Optimizer):
                 shared[(plan.tensor_id, "d")] = d.div_(n)
         applied: list[torch.Tensor] = []
         for plan, p in zip(self.plans, self._params, strict=True):
-            base = self.state[p]["consensus"] if cfg.overlap else p
+            base = self.state[p]["consensus"] if overlap else p
             if n:
                 u = self._update(plan, p, shared)
-                if cfg.weight_decay:
-                    base.mul_(1.0 - lr * cfg.weight_decay)
+                if wd:
+                    base.mul_(1.0 - lr * wd)
                 base.add_(u, alpha=-lr)
             else:
                 u = torch.zeros_like(p)
-            if cfg.overlap:
+            if overlap:
                 p.copy_(base)
             applied.append(u)
-        if cfg.overlap:
+        if overlap:
             self._last_u = applied
-        if cfg.overlap and cfg.overlap_predict == "eager":
-            self._eager = EagerBase.of(self.plans, shared, pending.sent if own else [], n)
-        if lookahead and cfg.overlap_lookahead:
+        if lookahead and cfg.overlap.lookahead:
             self._set_lookahead(rnd.step + 1, applied)
 
     @torch.no_grad()
     def _set_lookahead(self, step: int, last: list[torch.Tensor]) -> None:
-        """Overlap: the model's parameters become ``θ̄ − overlap_scale·lr(step)·guess`` for round
-        ``step`` still in flight (``overlap_predict``: ``last`` update, ``ema`` of the updates,
+        """Overlap: the model's parameters become ``θ̄ − overlap.scale·lr(step)·guess`` for round
+        ``step`` still in flight (``overlap.predict``: ``last`` update, ``ema`` of the updates,
         or the rule on this peer's ``own`` packet for that step)."""
         cfg = self.cfg
-        own = self._pending.get(step) if cfg.overlap_predict in ("own", "eager") else None
-        eager = self._eager if cfg.overlap_predict == "eager" else None
-        alpha = -lr_at(cfg, step) * cfg.overlap_scale
+        predict = cfg.overlap.predict
+        own = self._pending.get(step) if predict == "own" else None
+        alpha = -lr_at(cfg, step) * cfg.overlap.scale
         for i, (plan, p) in enumerate(zip(self.plans, self._params, strict=True)):
             if own is not None:
-                guess = self._predict(plan, p, own.sent[i], eager)
+                guess = self._predict(plan, p, own.sent[i])
             elif not last:
                 continue
-            elif cfg.overlap_predict == "ema":
+            elif predict == "ema":
                 guess = self._ema(p, last[i])
             else:
                 guess = last[i]

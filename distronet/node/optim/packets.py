@@ -165,9 +165,8 @@ def make_plans(named_shapes: Sequence[tuple[str, tuple[int, ...]]], cfg: DistroC
     """One plan per parameter, in the given order (the order is the tensor id)."""
     plans = []
     for tid, (name, shape) in enumerate(named_shapes):
-        layout = plan_layout(tuple(shape), cfg.chunk)
-        numel = layout.numel
-        dense = (cfg.dense_1d and len(shape) <= 1) or numel <= cfg.dense_max_numel
+        layout = plan_layout(tuple(shape), cfg.extraction.chunk)
+        dense = cfg.extraction.dense_1d and len(shape) <= 1
         plans.append(TensorPlan(tid, name, layout, dense))
     return plans
 
@@ -192,7 +191,7 @@ def build_packet(
     """
     encoded: list[EncodedTensor] = []
     sent: list[SentTensor] = []
-    k_now = cfg.k_at(step)
+    k_now = cfg.extraction.k_at(step)
     for plan, m in zip(plans, momenta, strict=True):
         k = plan.k(k_now)
         if plan.dense:
@@ -200,14 +199,14 @@ def build_packet(
             val = m
         else:
             idx, val = topk_chunks(m, k)
-        vc = cfg.dense_value_coding if plan.dense else cfg.value_coding
+        vc = cfg.extraction.dense_value_coding if plan.dense else cfg.extraction.value_coding
         enc, deq = encode_tensor(
             plan.tensor_id,
             np.ascontiguousarray(idx.cpu().numpy(), dtype=np.int64),
             np.ascontiguousarray(val.detach().cpu().numpy(), dtype=np.float32),
             plan.layout.chunk_numel,
             vc,
-            cfg.index_coding,
+            cfg.extraction.index_coding,
         )
         encoded.append(enc)
         sent.append(SentTensor(idx, torch.from_numpy(np.asarray(deq, dtype=np.float32)).to(m.device)))

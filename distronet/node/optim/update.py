@@ -12,10 +12,27 @@ import torch
 
 from distronet.node.optim.config import UpdateRule
 
-__all__ = ["adam_normalise", "apply_rule", "newton_schulz", "rms_normalise"]
+__all__ = [
+    "ADAM_BETA2",
+    "ADAM_EPS",
+    "EPS",
+    "NS_STEPS",
+    "adam_normalise",
+    "apply_rule",
+    "newton_schulz",
+    "rms_normalise",
+]
 
 # quintic Newton–Schulz coefficients (Muon): drive singular values towards ~1 in a few steps
 _NS_A, _NS_B, _NS_C = 3.4445, -4.7750, 2.0315
+NS_STEPS = 5
+"""Newton–Schulz iterations of ``ORTHO``: Muon's choice, singular values within ~0.3 of 1."""
+EPS = 1e-12
+"""Guards the divisions of ``RMS`` and ``ORTHO`` against an all-zero aggregate."""
+ADAM_BETA2 = 0.99
+"""``ADAM``'s second-moment decay: forgets in ~100 rounds, short runs warm up quickly."""
+ADAM_EPS = 1e-8
+"""``ADAM``'s denominator floor (Adam's default)."""
 
 
 def rms_normalise(d: torch.Tensor, eps: float) -> torch.Tensor:
@@ -52,12 +69,12 @@ def apply_rule(
     rule: UpdateRule,
     d: torch.Tensor,
     *,
-    ns_steps: int = 5,
-    eps: float = 1e-12,
+    ns_steps: int = NS_STEPS,
+    eps: float = EPS,
     v: torch.Tensor | None = None,
     n: int = 1,
-    beta2: float = 0.99,
-    adam_eps: float = 1e-8,
+    beta2: float = ADAM_BETA2,
+    adam_eps: float = ADAM_EPS,
 ) -> torch.Tensor:
     """The update for aggregate ``d`` under ``rule`` (RMS ≈ 1; ``ADAM`` needs ``v``, updated in place)."""
     if rule is UpdateRule.SIGN:

@@ -13,7 +13,7 @@ import contextlib
 import functools
 import os
 import signal
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
@@ -38,7 +38,8 @@ class SwarmConfig:
     AutoNAT, UPnP port mapping and relays (off for loopback tests). ``gossip_heartbeat_s`` sets
     gossipsub's heartbeat (default 1 s in p2pd; tests use less so meshes form quickly).
     ``idle_timeout_s``: p2pd exits by itself this long after our control connection is gone, so a
-    crashed node leaves no daemon behind.
+    crashed node leaves no daemon behind. ``gogc`` is the ``GOGC`` of the p2pd child (0: it
+    inherits ours).
     """
 
     host_maddrs: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)
@@ -52,6 +53,7 @@ class SwarmConfig:
     idle_timeout_s: float = 30.0
     call_timeout_s: float = 10.0
     close_timeout_s: float = 5.0
+    gogc: int = 0
 
 
 async def with_deadline(aw: Awaitable[T], timeout: float, what: str) -> T:
@@ -87,6 +89,28 @@ def _daemon_flags(config: SwarmConfig) -> dict[str, Any]:
         flags["gossipsubHeartbeatInterval"] = f"{config.gossip_heartbeat_s}s"
         flags["gossipsubHeartbeatInitialDelay"] = f"{min(0.1, config.gossip_heartbeat_s)}s"
     return flags
+
+
+def _child_env(config: SwarmConfig) -> dict[str, str]:
+    """The variables the p2pd child gets on top of this process's environment."""
+    return {"GOGC": str(config.gogc)} if config.gogc else {}
+
+
+@contextlib.contextmanager
+def _environ_for_spawn(extra: dict[str, str]) -> Iterator[None]:
+    """``extra`` in ``os.environ`` while p2pd is spawned, restored after: hivemind's
+    ``P2P.create`` copies ``os.environ`` into the child and takes no env of its own. The node
+    starts one p2pd at a time and nothing else spawns meanwhile."""
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 class SwarmHost:
@@ -127,7 +151,10 @@ class SwarmHost:
             check_if_identity_free=False,
         )
         try:
-            p2p = await with_deadline(create, config.startup_timeout_s + config.call_timeout_s, "p2pd start")
+            with _environ_for_spawn(_child_env(config)):
+                p2p = await with_deadline(
+                    create, config.startup_timeout_s + config.call_timeout_s, "p2pd start"
+                )
         except BaseException as e:
             for half_built in cls_p2p._instances:  # never leave a daemon behind a failed start
                 half_built._terminate()

@@ -60,7 +60,9 @@ def test_run_tables_parse_and_refuse_unknowns() -> None:
         ModelSpec.from_run({"wdith": 3})
     with pytest.raises(ConfigError, match="seq_len"):
         ModelSpec.from_run({"context": 8, "seq_len": 16})
-    assert optimizer_config("r", {"name": "distro", "preset": "psyche", "lr": 0.01}).lr == 0.01
+    assert optimizer_config("r", {"name": "distro", "preset": "psyche", "lr": 0.01}).schedule.lr == 0.01
+    nested = optimizer_config("r", {"lr": 0.01, "overlap": {"enabled": True, "predict": "own"}})
+    assert (nested.overlap.enabled, nested.overlap.predict, nested.run_id) == (True, "own", "r")
     with pytest.raises(ConfigError):
         optimizer_config("r", {"name": "adam"})
     assert exchange_config({"strategy": "all-gather", "round_deadline_s": 2}).round_deadline_s == 2.0

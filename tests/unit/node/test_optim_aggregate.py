@@ -79,8 +79,8 @@ def test_payloads_missing_tensors_and_empty_rounds() -> None:
                 np.ascontiguousarray(idx.numpy()),
                 np.ascontiguousarray(val.numpy()),
                 p.layout.chunk_numel,
-                preset("ours_k32").value_coding,
-                preset("ours_k32").index_coding,
+                preset("ours_k32").extraction.value_coding,
+                preset("ours_k32").extraction.index_coding,
             )
             coded.append(enc)
         flats.append(decode_payload_flat(encode_payload(coded), shapes))
@@ -149,7 +149,7 @@ def test_decode_flat_results_outlive_the_next_call() -> None:
         coded = []
         for t, lay in enumerate(layouts):
             idx, val = topk_chunks(torch.randn(nk[t], generator=g), 5)
-            vc, ic = preset("ours_k32").value_coding, preset("ours_k32").index_coding
+            vc, ic = preset("ours_k32").extraction.value_coding, preset("ours_k32").extraction.index_coding
             coded.append(encode_tensor(t, idx.numpy(), val.numpy(), lay.chunk_numel, vc, ic)[0])
         return [decode_payload_flat(encode_payload(coded), nk)]
 

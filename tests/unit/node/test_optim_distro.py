@@ -69,9 +69,9 @@ def test_error_feedback_is_exact(name: str) -> None:
         prev = [opt.state[p]["momentum"].clone() for p in params]
         for p in params:
             p.grad = torch.randn_like(p)
-        scale = 0.01 if cfg.lr_in_momentum else 1.0
+        scale = 0.01 if cfg.extraction.lr_in_momentum else 1.0
         want = [
-            cfg.beta * m + scale * dct_chunks(p.grad, pl.layout)
+            cfg.extraction.beta * m + scale * dct_chunks(p.grad, pl.layout)
             for m, p, pl in zip(prev, params, opt.plans, strict=False)
         ]
         opt.step()

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from distronet.node.exchange.memory import MemoryHub
-from distronet.node.optim.config import DistroConfig, lr_at, preset
+from distronet.node.optim.config import DistroConfig, build, lr_at, preset
 from distronet.node.optim.distro import DistroOptimizer
 from distronet.protocol.errors import ConfigError
 from distronet.protocol.identity import Identity
@@ -150,4 +150,4 @@ def test_newcomer_adopting_around_overlap_start_matches_the_donor(predict: str, 
 @pytest.mark.parametrize("bad", [{"overlap_scale": 2.5}, {"overlap_scale": -0.1}, {"overlap_start": -1}])
 def test_bad_overlap_fields_are_rejected(bad: dict[str, float]) -> None:
     with pytest.raises(ConfigError):
-        DistroConfig(overlap=True, **bad)  # type: ignore[arg-type]
+        build({"overlap": True, **bad})

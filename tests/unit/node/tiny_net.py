@@ -1,5 +1,5 @@
 """A tiny deterministic network and per-peer, per-step gradients, shared by optimizer tests that
-run several replicas (test_optim_replay, test_optim_overlap_eager)."""
+run several replicas (test_optim_replay)."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ else
 endif
 	$(BIN)/python -m pip install -q -e ".[dev,postgres,mlx]"
 	@# compile the payload decoder's numba walk once, so node processes only load it (~1 s)
-	$(BIN)/python -c "from distronet.kernels.coding_fast import warm; warm()"
+	$(BIN)/python -c "from distronet.node.daemon.parts import warm_compiled_decoder; warm_compiled_decoder()"
 	touch $(STAMP)
 
 # trains until Ctrl-C (then prints the summary); DEMO_STEPS=N make demo stops after N steps

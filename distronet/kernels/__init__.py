@@ -1,7 +1,8 @@
 """Pure numeric kernels of the DisTrO/DeMo codec: chunked DCT, top-k, decode-sum (torch backend).
 
-The plain numpy reference lives in :mod:`distronet.kernels.numpy_ref`, value and index coding
-(to bytes) in :mod:`distronet.kernels.coding`. Names here load lazily, so importing a numpy-only
+The plain numpy reference of the transforms lives in :mod:`distronet.kernels.numpy_ref`; the
+payload codec (coefficients to wire bytes and back: one encoder, one ``decode_payload``) in
+:mod:`distronet.kernels.coding`. Names here load lazily, so importing a numpy-only
 submodule does not import torch.
 """
 
@@ -12,8 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from distronet.kernels.dct import dct_basis, dct_chunks, idct_chunks
-    from distronet.kernels.decode import decode_sum, scatter_sum
-    from distronet.kernels.decode_batch import decode_flat, decode_sum_many
+    from distronet.kernels.decode import decode_flat, decode_sum, scatter_sum
     from distronet.kernels.layout import ChunkLayout, plan_layout
     from distronet.kernels.topk import dct_topk, topk_chunks
 
@@ -24,7 +24,6 @@ __all__ = [
     "dct_topk",
     "decode_flat",
     "decode_sum",
-    "decode_sum_many",
     "idct_chunks",
     "plan_layout",
     "scatter_sum",
@@ -40,8 +39,7 @@ _HOME = {
     "dct_topk": "topk",
     "topk_chunks": "topk",
     "decode_sum": "decode",
-    "decode_sum_many": "decode_batch",
-    "decode_flat": "decode_batch",
+    "decode_flat": "decode",
     "scatter_sum": "decode",
 }
 

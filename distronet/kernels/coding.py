@@ -1,30 +1,47 @@
-"""Coding of per-chunk top-k DCT coefficients into wire bytes, and back (pure numpy).
+"""The payload codec's public face: encode one tensor, frame a payload, decode a peer's payload.
 
-The public entry of the codec: ``encode_tensor`` turns one tensor's ``(idx, val)`` into an
-``EncodedTensor`` (and returns the values exactly as a receiver will rebuild them, for error
-feedback); ``encode_payload`` frames any subset of a run's tensors; ``decode_payload`` checks
-and decodes a peer's payload, raising ``Rejected`` with a code for anything malformed.
-The wire format is specified byte for byte in docs/protocol-payload.md.
+``encode_tensor`` turns one tensor's ``(idx, val)`` into an ``EncodedTensor`` (and returns the
+values exactly as a receiver will rebuild them, for error feedback); ``encode_payload`` frames
+any subset of a run's tensors; ``decode_payload`` checks and decodes a peer's payload, raising
+``Rejected`` with a code for anything malformed. The wire format is specified byte for byte in
+docs/protocol-payload.md.
+
+Behind ``decode_payload`` are exactly two implementations, held equal by the differential tests
+and fuzzing: the reference (:mod:`coding_reference`, plain numpy; the oracle, and the path until
+the compiled walk is warm) and the compiled walk (:mod:`coding_fast`, numba), which hands
+anything it does not accept to the reference, so every rejection has the reference's code and
+message. :func:`warm` compiles the walk (or loads numba's cache of it) and switches to it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
-from distronet.kernels.coding_fast import decode_payload, decode_payload_flat
-from distronet.kernels.coding_flat import FlatPayload
+from distronet.kernels.coding_fast import (
+    HAVE_JIT,
+    decode_compiled,
+    jit_cache_dir,
+    jit_stamp,
+    mark_warm,
+    use_jit,
+)
 from distronet.kernels.coding_index import MAX_CHUNK_NUMEL, IndexCoding, encode_indices
 from distronet.kernels.coding_payload import (
     PAYLOAD_VERSION,
     DecodedTensor,
     EncodedTensor,
-    decode_payload_reference,
+    FlatPayload,
     encode_payload,
 )
+from distronet.kernels.coding_reference import decode_reference
 from distronet.kernels.coding_values import ValueCoding, quantise
 from distronet.protocol.errors import KernelError
+from distronet.protocol.limits import DEFAULT_LIMITS, Limits
 
 __all__ = [
+    "HAVE_JIT",
     "PAYLOAD_VERSION",
     "DecodedTensor",
     "EncodedTensor",
@@ -32,10 +49,13 @@ __all__ = [
     "IndexCoding",
     "ValueCoding",
     "decode_payload",
-    "decode_payload_flat",
-    "decode_payload_reference",
     "encode_payload",
     "encode_tensor",
+    "jit_cache_dir",
+    "jit_stamp",
+    "mark_warm",
+    "use_jit",
+    "warm",
 ]
 
 
@@ -94,3 +114,54 @@ def encode_tensor(
     n, k = sidx.shape
     enc = EncodedTensor(tensor_id, value_coding, index_coding, n, k, chunk_numel, code, coded)
     return enc, deq
+
+
+def decode_payload(
+    data: bytes, layouts: Sequence[tuple[int, int]], limits: Limits = DEFAULT_LIMITS
+) -> FlatPayload:
+    """Decode a payload against ``layouts[tensor_id] = (n_chunks, chunk_numel)``, all tensors flat
+    (``.tensors()`` gives them one by one, ascending id).
+
+    Raises Rejected (TOO_LARGE, TRUNCATED, MALFORMED, UNSUPPORTED_VERSION, LIMIT_EXCEEDED,
+    LAYOUT_MISMATCH, INDEX_OUT_OF_RANGE, DUPLICATE_INDEX, NON_FINITE_VALUE); KernelError if
+    ``layouts`` itself is out of limits. Cost: warm, one compiled pass over the bit stream plus a
+    few array copies (a payload structure not seen recently adds ~0.1-0.3 ms); otherwise, or
+    for a payload the compiled walk refuses, the reference's O(len(data) + sum of n * k) with a
+    dozen array operations per tensor.
+    """
+    if use_jit():
+        flat = decode_compiled(data, layouts, limits)
+        if flat is not None:
+            return flat
+    return decode_reference(data, layouts, limits)
+
+
+def warm() -> bool:
+    """Compile the walk and the scatters (:mod:`decode`'s) now, or load them from numba's
+    on-disk cache, and use them from now on (:func:`mark_warm`).
+
+    Returns whether the compiled path is available. Writes no file of ours (numba fills its own
+    cache); a caller that wants later processes to trust that cache keeps :func:`jit_stamp`.
+    Cost: ~10 s (up to ~40 s on a loaded 2-core machine) the first time in a checkout, ~1 s when
+    cached; nothing without numba. Call it at start-up, off the packet path.
+    """
+    if not HAVE_JIT:
+        return False
+    from distronet.kernels.coding_jit_sum import scatter_flat, scatter_part
+
+    idx = np.array([[0, 1, 9, 17]], dtype=np.int64)
+    val = np.array([[1.0, -2.0, 0.5, 3.0]], dtype=np.float32)
+    data = encode_payload([encode_tensor(0, idx, val, 64, ValueCoding.SIGN1, IndexCoding.ENTROPY)[0]])
+    flat = decode_compiled(data, [(1, 64)], DEFAULT_LIMITS)
+    if flat is None:  # pragma: no cover - the walk refusing a payload of our own is a bug
+        raise KernelError("the compiled walk refused the warm-up payload")
+    one = np.zeros(1, dtype=np.int64)
+    table = np.arange(64, dtype=np.int64)
+    out = np.zeros(64, dtype=np.float32)
+    for local_at in (one - 1, one):  # chunk order and spatial order
+        scatter_flat(
+            out, flat.tensor_ids, flat.n, flat.k, flat.offsets, flat.idx, flat.val, one, one, table, local_at
+        )
+    scatter_part(out, flat.idx.reshape(1, -1), flat.val.reshape(1, -1), one, table, 64)  # decode.decode_sum
+    mark_warm()
+    return True

@@ -1,25 +1,25 @@
-"""The payload decoder's fast path: a cached plan per payload structure plus a compiled walk.
+"""The compiled payload decoder: a cached plan per payload structure plus a compiled walk (numba).
 
 Packets of one run share their structure: the same tensors at the same k and codings, so the
 same header, class table and tensor table (docs/protocol-payload.md §2 steps 1-2; the bucket-code
 parameters of steps 3-4 are each encoder's own choice and are read per packet). Everything the
-decoder derives from that prefix (offsets, value sections,
-per-tensor modes, rank tables, scale ranges, limit checks) is computed once, kept in a
-:class:`_Plan` keyed by the prefix's exact bits, and reused for every payload that starts with
-the same bits and is long enough for the prefix's length checks to pass as they did. What
-varies per packet, the index bodies, scale codes, sign bits and values, is read by one compiled
-call (:mod:`coding_jit`, :mod:`coding_jit_sum`), straight from the payload's bytes (no copy).
+decoder derives from that prefix (offsets, value sections, per-tensor modes, rank tables, scale
+ranges, limit checks) is computed once, by :mod:`coding_table`'s reader, kept in a :class:`_Plan`
+keyed by the prefix's exact bits, and reused for every payload that starts with the same bits
+and is long enough for the prefix's length checks to pass as they did. What varies per packet,
+the index bodies, scale codes, sign bits and values, is read by one compiled call
+(:mod:`coding_jit`, :mod:`coding_jit_sum`), straight from the payload's bytes (no copy).
 
 Per packet this costs a prefix comparison, the bucket-code parameters and the compiled walk
 (O(bits + coefficients)), instead of dozens of numpy calls per tensor.
 
-Same contract as :func:`~distronet.kernels.coding_flat.decode_payload_flat`: it accepts exactly
-what :func:`~distronet.kernels.coding_payload.decode_payload_reference` accepts and returns
-bit-identical results; anything the fast path does not accept is decoded (or rejected, with
-the exact code and message) by the reference. Without numba (:data:`coding_jit.HAVE_JIT`
-False), and until the walk is compiled (:func:`use_jit`, :func:`warm`), it is
-:func:`coding_flat.decode_payload_flat` itself. numba is imported on the first compiled decode,
-not with this module.
+Contract: :func:`decode_compiled` returns exactly what
+:func:`~distronet.kernels.coding_reference.decode_reference` returns, bit for bit, or None for
+anything it does not accept (every payload the reference rejects, and nothing else the tests
+find); the caller then lets the reference decide, with its exact code and message. Whether the
+walk is compiled in this process is :func:`use_jit` (set by :func:`mark_warm`); numba is imported
+on the first compiled decode, not with this module. This module writes no files; numba keeps its
+own cache in :func:`jit_cache_dir`.
 """
 
 from __future__ import annotations
@@ -38,25 +38,29 @@ from types import ModuleType
 
 import numpy as np
 
-from distronet.kernels import coding_flat as cf
 from distronet.kernels.coding_bits import BitReader
 from distronet.kernels.coding_bucket import check_params
-from distronet.kernels.coding_flat import FlatPayload
 from distronet.kernels.coding_index import fixed_width
-from distronet.kernels.coding_locate import Short
-from distronet.kernels.coding_payload import _SCALE_BMAX, DecodedTensor, decode_payload_reference, read_header
-from distronet.kernels.coding_values import Q_MAX, Q_MIN
+from distronet.kernels.coding_payload import FlatPayload
+from distronet.kernels.coding_table import VALUE_BITS, VALUE_BYTES, Table, read_header, read_table
+from distronet.kernels.coding_values import Q_MAX, Q_MIN, SCALE_BMAX
 from distronet.protocol.errors import Rejected
-from distronet.protocol.limits import DEFAULT_LIMITS, Limits
+from distronet.protocol.limits import Limits
 
-__all__ = ["HAVE_JIT", "decode_payload", "decode_payload_flat", "use_jit", "warm"]
+__all__ = ["HAVE_JIT", "decode_compiled", "jit_cache_dir", "jit_stamp", "mark_warm", "use_jit"]
 
 HAVE_JIT = importlib.util.find_spec("numba") is not None
 _PLANS_KEEP = 16
 _FP32, _FP16, _BF16, _INT8, _SIGN1 = 1, 2, 3, 4, 5
 _ENTROPY = 2
-_JIT_MODULES = ("coding_jit", "coding_jit_sum")  # numba-cached modules (the warm marker covers both)
-_REFUSED = (cf._Bad, Short, Rejected, IndexError, ValueError, OverflowError)
+_JIT_MODULES = ("coding_jit", "coding_jit_sum")  # the numba-compiled modules
+
+
+class _Refused(Exception):
+    """The walk or the plan did not accept the payload (the reference judges it)."""
+
+
+_REFUSED = (_Refused, Rejected, IndexError, ValueError, OverflowError)
 
 
 @functools.cache
@@ -101,7 +105,7 @@ class _Plan:
         )
 
 
-def _value_table(t: cf._Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _value_table(t: Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per tensor: value coding, byte offset in the value section, first row in the scales
     (scaled codings), bit offset among the sign bits (SIGN1); tensor order, as on the wire."""
 
@@ -113,28 +117,28 @@ def _value_table(t: cf._Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.n
     scaled = (t.vc == _INT8) | (t.vc == _SIGN1)
     return (
         t.vc.astype(np.int64),
-        starts(nk * cf._BYTES[t.vc]),
+        starts(nk * VALUE_BYTES[t.vc]),
         starts(np.where(scaled, t.n, 0)),
         starts(np.where(t.vc == _SIGN1, nk, 0)),
     )
 
 
 def _build(data: bytes, layouts: tuple[tuple[int, int], ...], limits: Limits) -> _Plan:
-    """Read the prefix as the numpy decoder does (same checks) and keep what it implies."""
+    """Read the prefix with the one table reader (the reference's checks) and keep what it implies."""
     count, classes, rest = read_header(data, layouts, limits)
     head_len = len(data) - len(rest)
     br = BitReader(rest, "payload bit stream")
-    t = cf._read_table(br, count, classes, cf._layout_array(layouts), limits)
+    t = read_table(br, count, classes, layouts, limits)
     nk = t.n * t.k
-    vbytes = int((nk * cf._BYTES[t.vc]).sum())
+    vbytes = int((nk * VALUE_BYTES[t.vc]).sum())
     if vbytes > len(rest):
-        raise cf._Bad
+        raise _Refused
     br.limit(len(rest) - vbytes)
     entropy = (t.ic == _ENTROPY) & (t.k < t.cn)
     groups = sorted(set(t.cn[entropy].tolist()))
     sc = (t.vc == _INT8) | (t.vc == _SIGN1)
     end = 8 * head_len + br.pos
-    value_bits = int((nk * cf._VALUE_BITS[t.vc]).sum())
+    value_bits = int((nk * VALUE_BITS[t.vc]).sum())
     offsets = np.zeros(nk.size + 1, dtype=np.int64)
     np.cumsum(nk, out=offsets[1:])
     step = np.where((t.vc[sc] == _SIGN1) & (t.k[sc] < 16), 4, 1)
@@ -203,7 +207,7 @@ def _params(
     at = plan.params_at
     end = at + 14 * len(plan.groups) + (7 if plan.has_scales else 0)
     if end > nbits:
-        raise cf._Bad
+        raise _Refused
     a = at >> 3
     b = (end + 7) >> 3
     x = int.from_bytes(data[a:b], "big") >> (8 * b - end)
@@ -220,12 +224,12 @@ def _params(
     if plan.has_scales:
         v = x & 0x7F
         scale = (v >> 3, v & 7)
-        check_params(*scale, _SCALE_BMAX, "payload bit stream")
+        check_params(*scale, SCALE_BMAX, "payload bit stream")
     return end, _jit().walk_tables(tuple(keys)), scale
 
 
 def _decode(plan: _Plan, data: bytes) -> FlatPayload:
-    """One payload by its plan; raises ``cf._Bad`` when the walk refuses it (values included)."""
+    """One payload by its plan; raises ``_Refused`` when the walk refuses it (values included)."""
     nbits = 8 * (len(data) - plan.vbytes)
     start, tables, scale_params = _params(plan, data, nbits)
     status, idx, val = _jit().walk(
@@ -234,106 +238,51 @@ def _decode(plan: _Plan, data: bytes) -> FlatPayload:
         len(data) - plan.vbytes, plan.vtab,
     )  # fmt: skip
     if status != _jit().OK:
-        raise cf._Bad
+        raise _Refused
     return FlatPayload(plan.ids, plan.n, plan.k, plan.cn, plan.offsets, idx, val)
 
 
-_WARM = threading.Event()  # set by warm(): the compiled walk is loaded in this process
+_WARM = threading.Event()  # set by mark_warm(): compiled decoding is in use in this process
 
 
-def _marker() -> Path:
-    """A file next to numba's on-disk cache saying which source the cache was built from."""
-    src = Path(__file__).with_name("coding_jit.py")
-    return src.parent / "__pycache__" / "coding_jit.warm"
-
-
-def _stamp() -> str:
-    files = [Path(__file__).with_name(f"{name}.py").stat() for name in _JIT_MODULES]
-    numba_version = importlib.metadata.version("numba")
-    sources = ":".join(f"{st.st_mtime_ns}:{st.st_size}" for st in files)
-    return f"{sources}:{numba_version}:{sys.version_info[:3]}"
-
-
-@functools.cache
-def _cached_on_disk() -> bool:
-    """Whether a warm() in some process left a compiled walk for this very source (checked once)."""
-    try:
-        return _marker().read_text() == _stamp()
-    except (OSError, importlib.metadata.PackageNotFoundError):
-        return False
+def mark_warm() -> None:
+    """Use the compiled walk from now on in this process: call it once the walk has been compiled
+    here, or when numba's on-disk cache is known to hold it (the first decode then loads it, ~1 s)."""
+    _WARM.set()
 
 
 def use_jit() -> bool:
-    """Whether decoding takes the compiled path now: numba is there and the walk is compiled in
-    this process (:func:`warm`) or cached on disk by an earlier :func:`warm` (then the first
-    decode loads it, ~1 s). Otherwise the numpy decoder runs: a process never stalls for the
-    first compile (~10-40 s) on a packet's path."""
-    return HAVE_JIT and (_WARM.is_set() or _cached_on_disk())
+    """Whether decoding takes the compiled path now: numba is there and :func:`mark_warm` was
+    called. Until then the reference decoder runs: a process never stalls for the first compile
+    (~10-40 s) on a packet's path."""
+    return HAVE_JIT and _WARM.is_set()
 
 
-def decode_payload_flat(
-    data: bytes, layouts: Sequence[tuple[int, int]], limits: Limits = DEFAULT_LIMITS
-) -> FlatPayload:
-    """Decode a payload against ``layouts[tensor_id] = (n_chunks, chunk_numel)``, all tensors flat.
+def jit_cache_dir() -> Path:
+    """The folder where numba caches the compiled walk (beside the compiled modules)."""
+    return Path(__file__).parent / "__pycache__"
 
-    Same checks, codes and results as the reference decoder (module doc). Raises Rejected
-    (TOO_LARGE, TRUNCATED, MALFORMED, UNSUPPORTED_VERSION, LIMIT_EXCEEDED, LAYOUT_MISMATCH,
-    INDEX_OUT_OF_RANGE, DUPLICATE_INDEX, NON_FINITE_VALUE); KernelError if ``layouts`` itself is
-    out of limits. Cost: for a payload structure seen recently, one compiled pass over the bit
-    stream plus a few array copies; otherwise also the prefix's numpy decode (~0.1-0.3 ms).
-    """
-    if not use_jit():
-        return cf.decode_payload_flat(data, layouts, limits)
+
+def jit_stamp() -> str:
+    """Which compiled sources, numba and Python a cache in :func:`jit_cache_dir` was built from:
+    equal stamps mean the cached code fits this process. Raises OSError or
+    ``importlib.metadata.PackageNotFoundError`` when that cannot be told."""
+    files = [Path(__file__).with_name(f"{name}.py").stat() for name in _JIT_MODULES]
+    numba_version = importlib.metadata.version("numba")
+    sources = ":".join(f"{st.st_mtime_ns}:{st.st_size}" for st in files)
+    return f"{Path(__file__).parent}:{sources}:{numba_version}:{sys.version_info[:3]}"
+
+
+def decode_compiled(data: bytes, layouts: Sequence[tuple[int, int]], limits: Limits) -> FlatPayload | None:
+    """Decode a payload by its plan and the compiled walk, whether or not :func:`use_jit` says so
+    (the first call compiles or loads the walk). Returns None for a payload it does not accept
+    (module doc); raises KernelError if ``layouts`` itself is out of limits. Cost: for a payload
+    structure seen recently, one compiled pass over the bit stream plus a few array copies;
+    otherwise also the prefix's read (~0.1-0.3 ms)."""
     data = bytes(data)
+    if len(data) > limits.max_payload_bytes:
+        return None
     try:
-        if len(data) <= limits.max_payload_bytes:
-            return _decode(_PLANS.find(data, layouts, limits), data)
+        return _decode(_PLANS.find(data, layouts, limits), data)
     except _REFUSED:
-        pass  # the reference decides, with its exact error
-    return cf._from_reference(decode_payload_reference(data, layouts, limits), layouts)
-
-
-def decode_payload(
-    data: bytes, layouts: Sequence[tuple[int, int]], limits: Limits = DEFAULT_LIMITS
-) -> list[DecodedTensor]:
-    """As :func:`decode_payload_flat`, per tensor (ascending id; views into one flat decode)."""
-    return decode_payload_flat(data, layouts, limits).tensors()
-
-
-def warm() -> bool:
-    """Compile the walk and the scatters (``decode_batch``, ``decode``) now, or load them from numba's on-disk
-    cache, and use them from now on.
-
-    Also leaves a marker next to the cache, so later processes use the cached walk without
-    calling this. Returns whether the compiled path is available. Cost: ~10 s (up to ~40 s on a
-    loaded 2-core machine) the first time in a checkout, ~1 s when cached; nothing without numba.
-    Call it at start-up, off the packet path.
-    """
-    if not HAVE_JIT:
-        return False
-    from distronet.kernels.coding import encode_tensor
-    from distronet.kernels.coding_index import IndexCoding
-    from distronet.kernels.coding_payload import encode_payload
-    from distronet.kernels.coding_values import ValueCoding
-
-    idx = np.array([[0, 1, 9, 17]], dtype=np.int64)
-    val = np.array([[1.0, -2.0, 0.5, 3.0]], dtype=np.float32)
-    data = encode_payload([encode_tensor(0, idx, val, 64, ValueCoding.SIGN1, IndexCoding.ENTROPY)[0]])
-    flat = _decode(_PLANS.find(data, [(1, 64)], DEFAULT_LIMITS), data)
-    from distronet.kernels.coding_jit_sum import scatter_flat, scatter_part
-
-    one = np.zeros(1, dtype=np.int64)
-    table = np.arange(64, dtype=np.int64)
-    out = np.zeros(64, dtype=np.float32)
-    for local_at in (one - 1, one):  # chunk order and spatial order
-        scatter_flat(
-            out, flat.tensor_ids, flat.n, flat.k, flat.offsets, flat.idx, flat.val, one, one, table, local_at
-        )
-    scatter_part(out, flat.idx.reshape(1, -1), flat.val.reshape(1, -1), one, table, 64)  # decode.decode_sum
-    _WARM.set()
-    try:
-        _marker().parent.mkdir(exist_ok=True)
-        _marker().write_text(_stamp())
-    except OSError:
-        pass  # a read-only install: only processes that call warm() use the compiled walk
-    return True
+        return None

@@ -40,6 +40,8 @@ __all__ = [
     "encode_indices",
     "fixed_width",
     "index_parts",
+    "rank_tables",
+    "square_side",
 ]
 
 #: Largest chunk supported: buckets (<= 15) must fit the 4-bit b0 parameter.
@@ -87,18 +89,19 @@ def fixed_width(chunk_numel: int) -> int:
     return (chunk_numel - 1).bit_length()
 
 
-def _side(chunk_numel: int) -> int | None:
+def square_side(chunk_numel: int) -> int | None:
+    """The side of a square chunk (``side * side == chunk_numel``), else None (no 2-D rank map)."""
     s = math.isqrt(chunk_numel)
     return s if s * s == chunk_numel else None
 
 
 @functools.lru_cache(maxsize=32)
-def _rank_tables(chunk_numel: int, rank_map: RankMap) -> tuple[np.ndarray, np.ndarray]:
+def rank_tables(chunk_numel: int, rank_map: RankMap) -> tuple[np.ndarray, np.ndarray]:
     """(rank_of_position, position_of_rank), int64 arrays of length chunk_numel."""
     p = np.arange(chunk_numel, dtype=np.int64)
     if rank_map == RankMap.IDENTITY:
         return p, p
-    s = _side(chunk_numel)
+    s = square_side(chunk_numel)
     assert s is not None
     u, v = np.divmod(p, s)
     if rank_map == RankMap.TRANSPOSE:
@@ -115,7 +118,7 @@ def _sorted_ranks(
     idx: np.ndarray, chunk_numel: int, rank_map: RankMap
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """(ranks ascending per chunk, order or None): ``ranks[i, j] = rank(idx[i, order[i, j]])``."""
-    ranks = _rank_tables(chunk_numel, rank_map)[0][idx]
+    ranks = rank_tables(chunk_numel, rank_map)[0][idx]
     if rank_map == RankMap.IDENTITY:
         return ranks, None
     k = idx.shape[1]
@@ -150,7 +153,7 @@ def encode_indices(
         return IndexCode(None, idx, None), None
     bmax = fixed_width(chunk_numel)
     maps = [RankMap.IDENTITY]
-    if _side(chunk_numel) is not None:
+    if square_side(chunk_numel) is not None:
         maps += [RankMap.TRANSPOSE, RankMap.DIAGONAL]
     sample = idx[:: max(1, idx.shape[0] // _SAMPLE_CHUNKS)] if len(maps) > 1 else idx
     costs = [_estimate(_gaps(_sorted_ranks(sample, chunk_numel, m)[0]), bmax) for m in maps]
@@ -208,7 +211,7 @@ def decode_indices(
     rank_map = RankMap(int(reader.fields(1, 2)[0]))
     if rank_map == RankMap.FALLBACK:
         return _read_fixed(reader, n, k, chunk_numel), None
-    if rank_map != RankMap.IDENTITY and _side(chunk_numel) is None:
+    if rank_map != RankMap.IDENTITY and square_side(chunk_numel) is None:
         raise Rejected(RejectCode.MALFORMED, f"rank map {rank_map.name} for a chunk of {chunk_numel}")
     assert params is not None
     bmax, p = fixed_width(chunk_numel), params
@@ -228,7 +231,7 @@ def decode_indices(
     ranks = np.cumsum(gaps + 1, axis=1) - 1
     if int(ranks[:, -1].max()) >= chunk_numel:
         raise Rejected(RejectCode.INDEX_OUT_OF_RANGE, f"index rank beyond a chunk of {chunk_numel}")
-    idx = _rank_tables(chunk_numel, rank_map)[1][ranks]
+    idx = rank_tables(chunk_numel, rank_map)[1][ranks]
     if rank_map == RankMap.IDENTITY:
         return idx, None
     key = np.sort(idx * k + np.arange(k), axis=1)

@@ -1,6 +1,6 @@
 """A compiled walk over a payload's bit stream (numba): index codes, scale codes, sign bits.
 
-:mod:`coding_flat` reads the header and the class table with numpy; what follows in the bit
+:mod:`coding_table` reads the header and the class table with numpy; what follows in the bit
 stream (docs/protocol-payload.md §2 steps 5-8) is serial by nature: a gap-coded body's length
 depends on its own escapes and mantissas. In numpy that costs a few dozen operations per tensor
 and per packet, which for a model of dozens of small tensors dominated decoding a round. Here
@@ -18,10 +18,10 @@ zeros past the end of ``buf``, and value reads stay inside the value section who
 caller checked (tests fuzz this with hostile bytes). The caller then lets the reference decoder
 name the exact rejection.
 
-``numba`` is optional: :data:`HAVE_JIT` is False without it and :mod:`coding_fast` uses the
-numpy decoder of :mod:`coding_flat`. Compiled code is cached on disk next to this module
-(``__pycache__``): the first call in a fresh checkout compiles for ~10 s (~40 s on a loaded
-2-core machine), later processes load it in ~1 s.
+``numba`` is optional: :data:`HAVE_JIT` is False without it and
+:func:`distronet.kernels.coding.decode_payload` uses the reference decoder. Compiled code is
+cached on disk next to this module (``__pycache__``): the first call in a fresh checkout
+compiles for ~10 s (~40 s on a loaded 2-core machine), later processes load it in ~1 s.
 """
 
 from __future__ import annotations
@@ -34,15 +34,15 @@ from typing import cast
 import numpy as np
 
 from distronet.kernels.coding_bucket import RICE, centre_out
-from distronet.kernels.coding_index import RankMap, _rank_tables, _side, fixed_width
-from distronet.kernels.coding_jit_sum import HALF_BITS, HAVE_JIT, F, _jit, values
-from distronet.kernels.coding_values import SCALE_TABLE
+from distronet.kernels.coding_index import RankMap, fixed_width, rank_tables, square_side
+from distronet.kernels.coding_jit_sum import HALF_BITS, HAVE_JIT, F, compiled, values
+from distronet.kernels.coding_values import SCALE_BMAX, SCALE_TABLE
 
 __all__ = ["HAVE_JIT", "OK", "walk", "walk_tables"]
 
 
 def _inline(fn: F) -> F:
-    """:func:`_jit`, inlined into its callers by numba: a call that passes arrays to a compiled
+    """:func:`compiled`, inlined into its callers by numba: a call that passes arrays to a compiled
     function that is not inlined costs two atomic reference-count updates per array, which in
     per-symbol helpers was over half of a payload walk (perf)."""
     if not HAVE_JIT:  # pragma: no cover
@@ -59,7 +59,6 @@ _BASE = np.array([(1 << (b - 1)) if b else 0 for b in range(16)], dtype=np.int64
 _LEAD_ONES = np.array([8 - (255 - b).bit_length() for b in range(256)], dtype=np.int64)
 _IDENTITY = int(RankMap.IDENTITY)
 _FALLBACK = int(RankMap.FALLBACK)
-_SCALE_BMAX = 12
 _INSERTION_MAX_K = 32  # per-chunk sorts: insertion sort up to here, heap sort above (no O(k^2) blow-up)
 
 
@@ -75,7 +74,7 @@ def _bits(word: int, pos: int, w: int) -> int:
     return int((word >> (32 - (pos & 7) - w)) & ((np.int64(1) << w) - 1))
 
 
-@_jit
+@compiled
 def _words(buf: np.ndarray, nbits: int, out: np.ndarray) -> np.ndarray:
     """The big-endian 32-bit word at every byte of the stream (bytes past ``buf`` read as 0),
     written to ``out[:(nbits + 7) // 8 + 1]`` (scratch, at least that long); returns ``out``."""
@@ -195,7 +194,7 @@ def _sift(pos: np.ndarray, src: np.ndarray, root: int, end: int) -> None:
         root = child
 
 
-@_jit
+@compiled
 def _gap_body(
     buf: np.ndarray, nbits: int, p: int, n: int, k: int, cn: int, m: int, prm: np.ndarray,
     orders: np.ndarray, ptab: np.ndarray, off: int, idx: np.ndarray, perm: np.ndarray,
@@ -277,7 +276,7 @@ def _gap_body(
     return p
 
 
-@_jit
+@compiled
 def _fixed_body(
     buf: np.ndarray, nbits: int, p: int, n: int, k: int, cn: int, off: int, idx: np.ndarray, perm: np.ndarray
 ) -> int:
@@ -307,7 +306,7 @@ def fixed_width_jit(cn: int) -> int:
     return w
 
 
-@_jit
+@compiled
 def _scales(
     buf: np.ndarray, nbits: int, p: int, sc_n: np.ndarray, sc_lo: np.ndarray, sc_hi: np.ndarray,
     sc_step: np.ndarray, b0: int, w: int, order: np.ndarray, table: np.ndarray, out: np.ndarray,
@@ -320,7 +319,7 @@ def _scales(
         p += count * w
     if p > nbits:
         return -1
-    p = _prefixes(buf, nbits, fs, p, count, b0, w, _SCALE_BMAX, order, pre)
+    p = _prefixes(buf, nbits, fs, p, count, b0, w, SCALE_BMAX, order, pre)
     if p < 0:
         return -1
     code, i = 0, 0
@@ -351,7 +350,7 @@ def _scales(
     return p
 
 
-@_jit
+@compiled
 def _walk(
     buf: np.ndarray, nbits: int, p: int, n: np.ndarray, k: np.ndarray, cn: np.ndarray, mode: np.ndarray,
     grp: np.ndarray, prm: np.ndarray, orders: np.ndarray, ptabs: np.ndarray, offsets: np.ndarray,
@@ -449,9 +448,9 @@ def _ptab(cn: int) -> np.ndarray:
     """Position-of-rank tables (3, cn) of maps identity, transpose, diagonal (identity twice for a
     chunk that is not square: those maps are refused before use)."""
     maps = (RankMap.IDENTITY, RankMap.TRANSPOSE, RankMap.DIAGONAL)
-    if _side(cn) is None:
+    if square_side(cn) is None:
         maps = (RankMap.IDENTITY,) * 3
-    return np.stack([_rank_tables(cn, m)[1] for m in maps])
+    return np.stack([rank_tables(cn, m)[1] for m in maps])
 
 
 def walk_tables(
@@ -473,7 +472,7 @@ def _walk_tables(
     ptabs = np.zeros((g, 3, width), dtype=np.int64)
     for i, (cn, b0a, wa, b0b, wb) in enumerate(groups):
         bmax = fixed_width(cn)
-        prm[i] = (b0a, wa, b0b, wb, bmax, _side(cn) or 0)
+        prm[i] = (b0a, wa, b0b, wb, bmax, square_side(cn) or 0)
         orders[i, 0], orders[i, 1] = _order(b0a, bmax), _order(b0b, bmax)
         ptabs[i, :, :cn] = _ptab(cn)
     return prm, orders, ptabs
@@ -535,13 +534,13 @@ def walk(
     vc, voff, soff, goff = vtab
     status = _walk_values(
         buf, nbits, pos, n, k, cn, mode, grp, prm, orders, ptabs, offsets, idx, perm,
-        sc_n, sc_lo, sc_hi, sc_step, s_b0, s_w, _order(s_b0, _SCALE_BMAX), _TABLE, scales, n_signs,
+        sc_n, sc_lo, sc_hi, sc_step, s_b0, s_w, _order(s_b0, SCALE_BMAX), _TABLE, scales, n_signs,
         vstart, vc, voff, soff, goff, HALF_BITS, val, _scratch("words", ((nbits + 7) >> 3) + 1),
     )  # fmt: skip
     return int(status), idx, val
 
 
-@_jit
+@compiled
 def _walk_values(
     buf: np.ndarray, nbits: int, p: int, n: np.ndarray, k: np.ndarray, cn: np.ndarray, mode: np.ndarray,
     grp: np.ndarray, prm: np.ndarray, orders: np.ndarray, ptabs: np.ndarray, offsets: np.ndarray,

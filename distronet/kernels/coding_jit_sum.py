@@ -14,7 +14,7 @@ Two loops that used to be a dozen numpy passes per packet:
   CPU kernel adds serially), so results are bit-identical and independent of thread counts.
 
 Both are called with arrays the caller built and checked (:mod:`coding_fast`,
-:mod:`decode_batch`); they never raise. ``numba`` is optional (:data:`HAVE_JIT`).
+:mod:`decode`); they never raise. ``numba`` is optional (:data:`HAVE_JIT`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any, TypeVar, cast
 
 import numpy as np
 
-__all__ = ["BAD_VALUE", "HAVE_JIT", "scatter_flat", "scatter_part", "values"]
+__all__ = ["BAD_VALUE", "HALF_BITS", "HAVE_JIT", "F", "compiled", "scatter_flat", "scatter_part", "values"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -36,7 +36,8 @@ else:
     HAVE_JIT = True
 
 
-def _jit(fn: F) -> F:
+def compiled(fn: F) -> F:
+    """``fn`` compiled by numba (cached on disk, no GIL, no bounds checks); ``fn`` itself without numba."""
     if not HAVE_JIT:  # pragma: no cover
         return fn
     return cast(F, numba.njit(cache=True, nogil=True, boundscheck=False)(fn))
@@ -58,7 +59,7 @@ def _half_table() -> np.ndarray:
 HALF_BITS = _half_table()  # 256 KiB; passed to :func:`values`
 
 
-@_jit
+@compiled
 def values(
     buf: np.ndarray, vstart: int, sign_start: int, n: np.ndarray, k: np.ndarray, offsets: np.ndarray,
     vc: np.ndarray, voff: np.ndarray, soff: np.ndarray, goff: np.ndarray, perm: np.ndarray, moved: bool,
@@ -111,7 +112,7 @@ def values(
     return 0
 
 
-@_jit
+@compiled
 def scatter_flat(
     buf: np.ndarray, ids: np.ndarray, n: np.ndarray, k: np.ndarray, offsets: np.ndarray, idx: np.ndarray,
     val: np.ndarray, cbase: np.ndarray, cbase_at: np.ndarray, local: np.ndarray, local_at: np.ndarray,
@@ -121,7 +122,7 @@ def scatter_flat(
     Entry ``o + c * k[j] + e`` of payload tensor ``j`` (``o = offsets[j]``, tensor id
     ``t = ids[j]``, chunk ``c``) lands at ``cbase[cbase_at[t] + c] + x`` with ``x = idx`` (chunk
     order) or ``local[local_at[t] + idx]`` when ``local_at[t] >= 0`` (spatial order). Indices
-    were checked by the payload decoder and the tables fit the buffer (decode_batch).
+    were checked by the payload decoder and the tables fit the buffer (``decode.decode_flat``).
     """
     for j in range(ids.size):
         t, kt, o = ids[j], k[j], offsets[j]
@@ -137,7 +138,7 @@ def scatter_flat(
                     buf[base + local[la + idx[row + e]]] += val[row + e]
 
 
-@_jit
+@compiled
 def scatter_part(
     buf: np.ndarray, idx: np.ndarray, val: np.ndarray, base: np.ndarray, local: np.ndarray, cn: int
 ) -> bool:

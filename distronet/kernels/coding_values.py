@@ -19,6 +19,7 @@ from distronet.protocol.errors import KernelError, RejectCode, Rejected
 __all__ = [
     "Q_MAX",
     "Q_MIN",
+    "SCALE_BMAX",
     "SCALE_TABLE",
     "SIGN1_FINE_K",
     "ZERO_SCALE",
@@ -61,6 +62,8 @@ SCALE_TABLE = np.array(
     [0x3F800000, 0x3F8B95C2, 0x3F9837F0, 0x3FA5FED7, 0x3FB504F3, 0x3FC5672A, 0x3FD744FD, 0x3FEAC0C7],
     dtype=np.uint32,
 ).view(np.float32)
+#: Scale symbols on the wire are < 2**SCALE_BMAX: 0, or zigzag(delta) + 1 with |delta| <= 2031.
+SCALE_BMAX = 12
 #: Scale codes must lie in [Q_MIN, Q_MAX]: scales from 2**-126 (smallest normal) to 2**127.875.
 Q_MIN = -1008
 Q_MAX = 1023

@@ -41,6 +41,7 @@ __all__ = [
     "index_tables",
     "spatial_from_chunks",
     "spatial_index",
+    "tensor_from_blocks",
     "work_dtype",
 ]
 
@@ -203,3 +204,16 @@ def idct_chunks(c: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
     """
     work_dtype(c.dtype)
     return idct_spatial(spatial_from_chunks(c, layout), layout)
+
+
+def tensor_from_blocks(x: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
+    """Decoded chunk-order blocks ``(n_chunks, *block)`` (or any view of that many elements) to
+    a tensor of ``layout.shape``, padding dropped (a view where the layout allows one)."""
+    if len(layout.block) == 1:
+        return x.reshape(-1)[: layout.numel].reshape(layout.shape)
+    (gr, gc), (br, bc) = layout.grid, layout.block
+    x3 = x.view(layout.batch, gr, gc, br, bc).permute(0, 1, 3, 2, 4).reshape(layout.batch, *layout.padded)
+    if layout.is_padded:
+        r, c = layout.core
+        x3 = x3[:, :r, :c]
+    return x3.reshape(layout.shape)

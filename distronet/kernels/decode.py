@@ -1,4 +1,7 @@
-"""Sum any number of sparse packets into one dense tensor: one scatter, one inverse transform.
+"""Coefficients to dense tensors: one tensor's packets (:func:`decode_sum`), or every tensor of
+every decoded payload at once (:func:`decode_flat`); each is one scatter and one inverse.
+
+**One tensor** (:func:`decode_sum`).
 
 A part is ``(idx, val)``: ``idx`` int64 ``(n_chunks, k)`` with every entry in
 ``[0, chunk_numel)``, ``val`` floating ``(n_chunks, k)``; ``k`` may differ between parts.
@@ -19,11 +22,25 @@ decoder is warm (:func:`coding_fast.use_jit`), the dense inverse's scatter is on
 per part (:func:`coding_jit_sum.scatter_part`) instead of stacking the parts and building every
 position with tensor operations: the same float32 additions in the same order, so the result is
 bit-identical to the tensor path's (``test_kernels_decode_fast.py``).
+
+**Every tensor of every payload** (:func:`decode_flat`). A model has dozens of small tensors,
+and per call fixed costs (stacking, range checks, a dozen tensor operations, an inverse per
+tensor) would cost more than the arithmetic. A :class:`BatchPlan` (cached per run layout) gives
+every tensor a region of ONE flat coefficient buffer: tensors of at most
+:data:`SMALL_COEFFICIENTS` coefficients sit in chunk order, side by side with the other tensors
+of the same block shape, so one pair of matrix products inverts them all; larger tensors sit in
+spatial order and get the usual two-GEMM inverse (:func:`~distronet.kernels.dct.idct_spatial`).
+A payload's coefficients land by one compiled loop over its entries once the compiled decoder
+is warm (:func:`coding_jit_sum.scatter_flat`), else by one ``index_add_``; both add entry by
+entry in payload order, so results are bit-identical. P payloads cost one zeroing and one
+inverse per block shape plus P scatters. Results may share one storage (disjoint views), so
+in-place edits of one never touch another.
 """
 
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Literal
 
@@ -31,7 +48,16 @@ import numpy as np
 import torch
 
 from distronet.kernels.coding_fast import use_jit
-from distronet.kernels.dct import dct_basis, idct_spatial, index_tables, spatial_index, work_dtype
+from distronet.kernels.coding_payload import FlatPayload
+from distronet.kernels.dct import (
+    dct_basis,
+    idct_spatial,
+    index_tables,
+    spatial_index,
+    tensor_from_blocks,
+    work_dtype,
+)
+from distronet.kernels.decode_plan import SMALL_COEFFICIENTS, BatchPlan, invert, plan_batch
 from distronet.kernels.layout import ChunkLayout
 from distronet.kernels.workspace import scratch
 from distronet.protocol.errors import KernelError
@@ -40,10 +66,13 @@ __all__ = [
     "SMALL_COEFFICIENTS",
     "SPARSE_MAX_K_BIG",
     "SPARSE_MAX_K_SMALL",
+    "BatchPlan",
     "Method",
     "Part",
     "choose_method",
+    "decode_flat",
     "decode_sum",
+    "plan_batch",
     "scatter_sum",
 ]
 
@@ -52,7 +81,6 @@ Method = Literal["auto", "dense", "sparse"]
 
 SPARSE_MAX_K_BIG = 1 / 16
 SPARSE_MAX_K_SMALL = 1 / 8
-SMALL_COEFFICIENTS = 1 << 20
 """``auto`` picks the sparse inverse while the total ``K`` per chunk is at most
 ``SPARSE_MAX_K_SMALL * bc`` for tensors of at most ``SMALL_COEFFICIENTS`` coefficients and
 ``SPARSE_MAX_K_BIG * bc`` above. Measured on CPU (2 threads, chunk 64): on a 512 x 512 tensor the
@@ -241,16 +269,7 @@ def _sparse(layout: ChunkLayout, groups: Sequence[Group], dt: torch.dtype, dev: 
         else:
             blocks.baddbmm_(a.transpose(1, 2), b)
     assert blocks is not None
-    if len(layout.block) == 1:
-        return blocks.view(-1)[: layout.numel].reshape(layout.shape)
-    (gr, gc), (br, _bc) = layout.grid, layout.block
-    x3 = (
-        blocks.view(layout.batch, gr, gc, br, bc).permute(0, 1, 3, 2, 4).reshape(layout.batch, *layout.padded)
-    )
-    if layout.is_padded:
-        r, c = layout.core
-        x3 = x3[:, :r, :c]
-    return x3.reshape(layout.shape)
+    return tensor_from_blocks(blocks, layout)
 
 
 def decode_sum(
@@ -285,3 +304,109 @@ def decode_sum(
                 return fast
         groups = _groups(layout, parts, dt, dev)
         return (_sparse if method == "sparse" else _dense)(layout, groups, dt, dev)
+
+
+_BASES: OrderedDict[tuple[int, bytes], np.ndarray] = OrderedDict()
+_BASES_KEEP = 8
+
+
+def _coefficient_base(plan: BatchPlan, flat: FlatPayload) -> np.ndarray:
+    """Per coefficient of ``flat``, its chunk's base position (cached per packet structure)."""
+    key = (id(plan), flat.structure)
+    hit = _BASES.get(key)
+    if hit is not None:
+        _BASES.move_to_end(key)
+        return hit
+    bases = [plan.chunk_base[t] for t in flat.tensor_ids.tolist()]
+    chunk_base = np.concatenate(bases) if bases else np.zeros(0, dtype=np.int64)
+    out = np.repeat(chunk_base, np.repeat(flat.k, flat.n))
+    _BASES[key] = out
+    if len(_BASES) > _BASES_KEEP:
+        _BASES.popitem(last=False)
+    return out
+
+
+def _flat_positions(plan: BatchPlan, flat: FlatPayload) -> np.ndarray:
+    base = _coefficient_base(plan, flat)
+    big = [(j, t) for j, t in enumerate(flat.tensor_ids.tolist()) if plan.local[t] is not None]
+    if not big:
+        out: np.ndarray = base + flat.idx
+        return out
+    pos = np.empty_like(base)
+    edges = flat.offsets.tolist()
+    last = 0
+    for j, t in big:  # big tensors: spatial order inside a chunk
+        a, b = edges[j], edges[j + 1]
+        np.add(base[last:a], flat.idx[last:a], out=pos[last:a])
+        local = plan.local[t]
+        assert local is not None
+        np.add(base[a:b], local[flat.idx[a:b]], out=pos[a:b])
+        last = b
+    np.add(base[last:], flat.idx[last:], out=pos[last:])
+    return pos
+
+
+def _buffer(plan: BatchPlan, dt: torch.dtype, dev: torch.device) -> torch.Tensor:
+    return scratch(1, (plan.size,), dt, dev).zero_()
+
+
+def _scatter_compiled(plan: BatchPlan, buf: torch.Tensor, payloads: Sequence[FlatPayload]) -> None:
+    """Add every payload's entries into ``buf`` (CPU float32), payload by payload, compiled:
+    the additions :func:`decode_flat`'s ``index_add_`` makes, in the same order, no copies."""
+    from distronet.kernels.coding_jit_sum import scatter_flat
+
+    out = buf.numpy()
+    tables = plan.scatter_tables
+    for flat in payloads:
+        ids, n, k, offsets, idx = (
+            np.ascontiguousarray(a, dtype=np.int64)
+            for a in (flat.tensor_ids, flat.n, flat.k, flat.offsets, flat.idx)
+        )
+        scatter_flat(out, ids, n, k, offsets, idx, np.ascontiguousarray(flat.val, dtype=np.float32), *tables)
+
+
+def decode_flat(
+    layouts: Sequence[ChunkLayout],
+    payloads: Sequence[FlatPayload],
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> list[torch.Tensor]:
+    """Sum of decoded payloads (``coding.decode_payload`` results against ``layouts``), per tensor.
+
+    Returns one tensor per layout (zeros where no payload carries it). The payloads' indices were
+    checked by the payload decoder; their ``(n_chunks, chunk_numel)`` must be the layouts'.
+    Cost: zeroing the buffer, one scatter of all payloads' entries, one inverse per block shape.
+
+    Raises:
+        KernelError: a payload does not fit ``layouts``.
+    """
+    plan = plan_batch(tuple(layouts))
+    dt, dev = work_dtype(dtype), torch.device(device)
+    checked: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    for flat in payloads:
+        ids = flat.tensor_ids
+        if any(ids is a and flat.n is b and flat.cn is c for a, b, c in checked):
+            continue  # the same table arrays as a payload checked above (one plan, one structure)
+        if ids.size and (
+            int(ids[-1]) >= len(layouts)
+            or not np.array_equal(plan.n_chunks[ids], flat.n)
+            or not np.array_equal(plan.chunk_numel[ids], flat.cn)
+        ):
+            raise KernelError("a payload's tensors do not match the layouts")
+        checked.append((ids, flat.n, flat.cn))
+    with torch.no_grad():
+        buf = _buffer(plan, dt, dev)
+        live = [flat for flat in payloads if flat.idx.size]
+        if live and dev.type == "cpu" and dt == torch.float32 and use_jit():
+            _scatter_compiled(plan, buf, live)
+            return invert(plan, buf)
+        if len(live) == 1:
+            pos_np, val_np = _flat_positions(plan, live[0]), live[0].val
+        elif live:  # one scatter for all: entries keep their order (packet by packet)
+            pos_np = np.concatenate([_flat_positions(plan, flat) for flat in live])
+            val_np = np.concatenate([flat.val for flat in live])
+        if live:
+            pos = torch.from_numpy(pos_np).to(dev)
+            buf.index_add_(0, pos, torch.from_numpy(val_np).to(device=dev, dtype=dt))
+        return invert(plan, buf)

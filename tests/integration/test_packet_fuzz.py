@@ -58,7 +58,7 @@ MALLORY = Identity.from_seed(b"\2" * 32)
 def full_decode(frame: bytes) -> tuple[StepPacket, list[DecodedTensor]]:
     """The whole receive path of a step packet, as a node runs it."""
     pkt = open_packet(frame, run_id=RUN, layout_digest=DIGEST, limits=LIMITS)
-    return pkt, decode_payload(pkt.payload, LAYOUTS, LIMITS)
+    return pkt, decode_payload(pkt.payload, LAYOUTS, LIMITS).tensors()
 
 
 def code_of(frame: bytes) -> RejectCode:

@@ -3,7 +3,7 @@
 * ours, encode: tensors -> per-chunk DCT top-k -> value + index coding -> payload -> signed,
   zstd-framed step packet (``seal_packet``); decode: the frames -> ``open_frames`` (the node's
   own per-frame path, ``node/optim/packets.py``: ``open_packet`` with its signature check, then
-  ``decode_payload_flat`` with every check of the wire format; frames spread over torch's
+  ``decode_payload`` with every check of the wire format; frames spread over torch's
   thread count of threads, results in frame order) -> ``decode_flat``: all tensors of all
   packets in one buffer, one scatter per packet in frame order, one inverse per block shape ->
   dense tensors.
@@ -44,11 +44,12 @@ from distronet.kernels.coding import (
     ValueCoding,
     encode_payload,
     encode_tensor,
+    warm,
 )
-from distronet.kernels.coding_fast import warm
-from distronet.kernels.decode_batch import decode_flat, decode_sum_many
-from distronet.kernels.demo_reference import DemoReference
+from distronet.kernels.decode import decode_flat
 from distronet.kernels.topk import dct_topk
+from distronet.node.bench.codec_demo import DemoReference
+from distronet.node.bench.codec_kernels import decode_sum_many
 from distronet.node.bench.codec_tensors import TensorSet
 from distronet.node.optim.packets import open_frames
 from distronet.protocol.errors import RejectCode, Rejected
@@ -191,7 +192,7 @@ def measure(
 
     ``decode_repeats``: samples of our 1- and 16-packet decodes (module doc; at least ``repeats``).
     """
-    warm()  # the compiled payload walk, as a node uses it after start-up (kernels.coding_fast)
+    warm()  # the compiled payload walk, as a node uses it after start-up (kernels.coding)
     ours, ref = _Ours(ts, k, Identity.generate()), _Ref(ts, k)
     coefs = sum(lay.n_chunks * kk for lay, kk in zip(ts.layouts, ours.ks, strict=True))
     frames = {c: ours.encode(c) for c in codings}

@@ -56,7 +56,7 @@ def _warm_compiled_decoder() -> None:
     """Fill numba's on-disk cache of the payload decoder in a throwaway process first: after a
     change to ``kernels`` each node's ``warm-decoder`` thread would otherwise compile it (~10-40
     CPU-s) while its steps are being timed. Failures are ignored (the nodes then warm it)."""
-    code = "from distronet.kernels.coding_fast import warm; warm()"
+    code = "from distronet.node.daemon.parts import warm_compiled_decoder; warm_compiled_decoder()"
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         subprocess.run([sys.executable, "-c", code], timeout=300, check=False, capture_output=True)
 

@@ -6,14 +6,17 @@
 - :class:`ShardFeed`  batches from the leased shard; knows when a shard is done.
 - :func:`no_dynamo_for_optimizers`  a node never compiles: skip TorchDynamo's lazy import.
 - :func:`warm_decoder`  warm the payload decoder's compiled walk while start-up waits on the network.
+- :func:`warm_compiled_decoder`  that warm-up in this thread, leaving the marker later processes trust.
 - :func:`wait_decoder_warm`  wait for that before the first step.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
+import importlib.metadata
 import logging
 import threading
 import traceback
@@ -50,6 +53,7 @@ __all__ = [
     "start_swarm",
     "wait_decoder_warm",
     "wait_torch",
+    "warm_compiled_decoder",
     "warm_decoder",
 ]
 
@@ -156,12 +160,42 @@ def no_dynamo_for_optimizers() -> None:
             fn.__dynamo_disable = fn
 
 
+def _decoder_marker() -> Path:
+    from distronet.kernels.coding import jit_cache_dir
+
+    return jit_cache_dir() / "coding_jit.warm"
+
+
+def warm_compiled_decoder() -> bool:
+    """Compile the payload decoder's walk in this process (``kernels.coding.warm``), then leave a
+    marker next to numba's cache saying which sources it was built from, so later processes
+    trust the cache (:func:`warm_decoder`) and decode compiled from their first packet. Returns
+    whether the compiled path is available; a read-only install just gets no marker."""
+    from distronet.kernels.coding import jit_stamp, warm
+
+    if not warm():
+        return False
+    with contextlib.suppress(OSError, importlib.metadata.PackageNotFoundError):
+        marker = _decoder_marker()
+        marker.parent.mkdir(exist_ok=True)
+        marker.write_text(jit_stamp())
+    return True
+
+
+def _trust_cached_decoder() -> None:
+    """Decode compiled at once when an earlier :func:`warm_compiled_decoder` left numba's cache for
+    these very sources: the first decode then loads it (~1 s) instead of the reference decoding."""
+    from distronet.kernels.coding import jit_stamp, mark_warm
+
+    with contextlib.suppress(OSError, importlib.metadata.PackageNotFoundError):
+        if _decoder_marker().read_text() == jit_stamp():
+            mark_warm()
+
+
 def _warm_decoder() -> None:
     try:
-        from distronet.kernels.coding_fast import warm
-
-        warm()
-    except Exception as e:  # the decoder then uses its numpy path, as without numba
+        warm_compiled_decoder()
+    except Exception as e:  # the decoder then uses its reference path, as without numba
         log.debug("payload decoder not warmed ahead: %s", e)
 
 
@@ -185,13 +219,15 @@ _background: dict[str, threading.Thread] = {}
 
 
 def warm_decoder() -> threading.Thread:
-    """Warm the payload decoder's compiled walk (``kernels.coding_fast.warm``: numba's import
-    and its on-disk cache, ~1-2 CPU-s) in a daemon thread.
+    """Warm the payload decoder's compiled walk (:func:`warm_compiled_decoder`: numba's import
+    and its on-disk cache, ~1-2 CPU-s) in a daemon thread; when the cache is known to fit
+    (the marker), decoding takes the compiled path from now on.
 
     Started before the coordinator calls and p2pd's start, it runs while those wait on the
     network (the GIL is free then), instead of inside the first step's decode, so a newcomer
     is in step sooner. Returns the thread (tests join it).
     """
+    _trust_cached_decoder()
     return _in_background("warm-decoder", _warm_decoder)
 
 

@@ -19,8 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from distronet.kernels.decode import choose_method, decode_sum
-from distronet.kernels.decode_batch import decode_flat
+from distronet.kernels.decode import choose_method, decode_flat, decode_sum
 from distronet.node.optim.packets import DecodedRound, TensorPlan
 
 __all__ = ["round_sums"]

@@ -30,7 +30,7 @@ import torch
 from distronet.kernels.coding import (
     EncodedTensor,
     FlatPayload,
-    decode_payload_flat,
+    decode_payload,
     encode_payload,
     encode_tensor,
 )
@@ -260,7 +260,7 @@ def _open_one(
             raise Rejected(RejectCode.WRONG_PEER, "packet signed by another peer")
         if step is not None and pkt.step != step:
             raise Rejected(RejectCode.STALE_STEP, f"packet for step {pkt.step}, round {step}")
-        return decode_payload_flat(pkt.payload, shapes, limits)
+        return decode_payload(pkt.payload, shapes, limits)
     except Rejected as e:
         return e.code
 

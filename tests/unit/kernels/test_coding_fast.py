@@ -1,4 +1,4 @@
-"""The planned, compiled payload decoder (coding_fast + coding_jit) against the reference decoder."""
+"""The compiled payload decoder (coding_fast + coding_jit) against the reference decoder, the oracle."""
 
 from __future__ import annotations
 
@@ -7,23 +7,32 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from distronet.kernels import coding_fast, coding_flat
+from distronet.kernels import coding_fast
 from distronet.kernels.coding import (
     EncodedTensor,
+    FlatPayload,
     IndexCoding,
     ValueCoding,
     decode_payload,
-    decode_payload_reference,
     encode_payload,
     encode_tensor,
+    use_jit,
+    warm,
 )
+from distronet.kernels.coding_reference import decode_reference
 from distronet.protocol.errors import Rejected
 from distronet.protocol.limits import DEFAULT_LIMITS
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _warm() -> None:
+    """The public decoder takes the compiled path in these tests (as a node after start-up)."""
+    assert warm(), "numba is a dependency: the compiled decoder must be available"
+
+
 def test_numba_is_present() -> None:
-    """numba is a dependency: without it every test here would test the numpy decoder twice."""
-    assert coding_fast.HAVE_JIT
+    """numba is a dependency: without it every test here would test the reference twice."""
+    assert coding_fast.HAVE_JIT and use_jit()
 
 
 CHUNKS = [1, 7, 9, 49, 64, 256, 4096]
@@ -57,12 +66,9 @@ def _structure(rng: np.random.Generator) -> tuple[Layouts, dict[int, tuple[int, 
     return layouts, codings
 
 
-def _compiled_only(data: bytes, layouts: Layouts) -> coding_flat.FlatPayload | None:
-    """The planned path itself, no fallback (None where it refuses)."""
-    try:
-        return coding_fast._decode(coding_fast._PLANS.find(data, layouts, DEFAULT_LIMITS), data)
-    except Exception:
-        return None
+def _compiled_only(data: bytes, layouts: Layouts) -> FlatPayload | None:
+    """The compiled path itself, no fallback (None where it refuses)."""
+    return coding_fast.decode_compiled(data, layouts, DEFAULT_LIMITS)
 
 
 def _same(a: list, b: list) -> bool:  # type: ignore[type-arg]
@@ -75,7 +81,7 @@ def _same(a: list, b: list) -> bool:  # type: ignore[type-arg]
 def _check(data: bytes, layouts: Layouts) -> bool:
     """The compiled path and the public decoder agree with the reference; True if it accepts."""
     try:
-        ref: list | None = decode_payload_reference(data, layouts)  # type: ignore[type-arg]
+        ref: list | None = decode_reference(data, layouts).tensors()  # type: ignore[type-arg]
         code = None
     except Rejected as e:
         ref, code = None, e.code
@@ -87,7 +93,7 @@ def _check(data: bytes, layouts: Layouts) -> bool:
         assert info.value.code == code
         return False
     assert fast is not None and _same(fast.tensors(), ref)  # it accepts every valid payload itself
-    assert _same(decode_payload(data, layouts), ref)
+    assert _same(decode_payload(data, layouts).tensors(), ref)
     return True
 
 
@@ -131,13 +137,15 @@ def test_plan_is_reused_and_length_checked() -> None:
     assert _check(a, [*layouts, (1, 16)])  # other layouts: another plan, same result
 
 
-def test_falls_back_to_numpy_without_numba(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_falls_back_to_the_reference_without_numba(monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(5)
     layouts, codings = [(3, 64), (2, 4096)], {0: (2, 2, 4), 1: (5, 1, 32)}
     data = _tensors(rng, layouts, codings)
-    want = decode_payload(data, layouts)
+    want = decode_payload(data, layouts).tensors()
     monkeypatch.setattr(coding_fast, "HAVE_JIT", False)
-    assert _same(coding_fast.decode_payload(data, layouts), want)
+    assert not use_jit()
+    monkeypatch.setattr(coding_fast, "decode_compiled", None)  # would raise if it were called
+    assert _same(decode_payload(data, layouts).tensors(), want)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -156,7 +164,37 @@ def test_hypothesis_edits_agree_with_reference(seed: int, edits: list[tuple[int,
     _check(bytes(data), layouts)
 
 
-def test_warm_compiles_the_walk_and_marks_the_cache() -> None:
-    assert coding_fast.warm() is True
-    assert coding_fast.use_jit()
-    assert coding_fast._marker().read_text() == coding_fast._stamp()  # later processes use the cache
+def test_warm_compiles_the_walk_and_writes_no_file() -> None:
+    before = sorted(
+        p.name for p in coding_fast.jit_cache_dir().iterdir() if not p.name.endswith((".nbi", ".nbc"))
+    )
+    assert warm() is True
+    assert use_jit()
+    after = sorted(
+        p.name for p in coding_fast.jit_cache_dir().iterdir() if not p.name.endswith((".nbi", ".nbc"))
+    )
+    assert after == before  # only numba's own cache files (.nbi/.nbc) may appear
+    assert coding_fast.jit_stamp() == coding_fast.jit_stamp()  # stable: what node's marker keeps
+
+
+def test_flat_layout_and_views() -> None:
+    rng = np.random.default_rng(7)
+    idx = np.sort(np.argsort(rng.random((3, 64)), axis=1)[:, :4], axis=1).astype(np.int64)
+    val = rng.standard_normal((3, 4)).astype(np.float32)
+    a, deq_a = encode_tensor(0, idx, val, 64, ValueCoding.SIGN1, IndexCoding.ENTROPY)
+    b, deq_b = encode_tensor(2, idx[:2], val[:2], 64, ValueCoding.FP32, IndexCoding.FIXED)
+    data, layouts = encode_payload([b, a]), [(3, 64), (5, 16), (2, 64)]
+    for flat in (decode_payload(data, layouts), decode_reference(data, layouts)):
+        assert flat.tensor_ids.tolist() == [0, 2] and flat.k.tolist() == [4, 4] and flat.n.tolist() == [3, 2]
+        assert flat.cn.tolist() == [64, 64]
+        assert flat.offsets.tolist() == [0, 12, 20]
+        assert flat.idx.dtype == np.int64 and flat.val.dtype == np.float32
+        np.testing.assert_array_equal(flat.idx, np.concatenate([idx.ravel(), idx[:2].ravel()]))
+        assert flat.val.tobytes() == np.concatenate([deq_a.ravel(), deq_b.ravel()]).tobytes()
+        t0, t2 = flat.tensors()
+        assert t0.idx.shape == (3, 4) and t2.val.shape == (2, 4)
+    for empty in (
+        decode_payload(encode_payload([]), [(1, 4)]),
+        decode_reference(encode_payload([]), [(1, 4)]),
+    ):
+        assert empty.idx.size == 0 and empty.tensors() == []

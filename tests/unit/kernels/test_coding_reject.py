@@ -52,7 +52,7 @@ def _fixed_fp32(idx: list[int], width: int, values: list[float], tid: int = 0) -
 
 
 def test_hand_built_payload_decodes() -> None:
-    (t,) = decode_payload(_fixed_fp32([0, 63], 6, [1.0, 1.0], tid=1), [(5, 4096), (1, 64)])
+    (t,) = decode_payload(_fixed_fp32([0, 63], 6, [1.0, 1.0], tid=1), [(5, 4096), (1, 64)]).tensors()
     assert t.tensor_id == 1 and t.idx.tolist() == [[0, 63]] and t.val.tolist() == [[1.0, 1.0]]
 
 
@@ -84,10 +84,12 @@ def _scaled(codings: int, delta: int, value: bytes) -> bytes:
 
 
 def test_scales() -> None:
-    assert decode_payload(_scaled(0x51, -3, b""), [(1, 64)])[0].val[0, 0] == np.float32(2.0**-1.5)
+    assert decode_payload(_scaled(0x51, -3, b""), [(1, 64)]).tensors()[0].val[0, 0] == np.float32(2.0**-1.5)
     assert _code(_scaled(0x51, 256, b""), [(1, 64)]) == RejectCode.NON_FINITE_VALUE  # 2**128
     assert _code(_scaled(0x51, -253, b""), [(1, 64)]) == RejectCode.NON_FINITE_VALUE  # 2**-126.5
-    assert decode_payload(_scaled(0x41, 1023, bytes([1])), [(1, 64)])[0].val[0, 0] == np.float32(2.0**127.875)
+    assert decode_payload(_scaled(0x41, 1023, bytes([1])), [(1, 64)]).tensors()[0].val[0, 0] == np.float32(
+        2.0**127.875
+    )
     # the same scale times 127 overflows float32
     assert _code(_scaled(0x41, 1023, bytes([127])), [(1, 64)]) == RejectCode.NON_FINITE_VALUE
 
@@ -127,7 +129,7 @@ def test_every_truncation_is_rejected(vc: ValueCoding, ic: IndexCoding) -> None:
 
 def _decode_or_reject(data: bytes) -> None:
     try:
-        out = decode_payload(data, LAYOUTS)
+        out = decode_payload(data, LAYOUTS).tensors()
     except Rejected as e:
         assert isinstance(e.code, RejectCode)
         return
@@ -187,7 +189,7 @@ def test_entropy_rejections() -> None:
     ok = _entropy_fp32((2, 0), (7, 0b1111110), (5, 0b11110), (5, 8), (3, 2))
     assert _code(ok, lay) == RejectCode.INDEX_OUT_OF_RANGE  # ranks 40, 51 >= 48
     fine = _entropy_fp32((2, 0), (7, 0b1111110), (4, 0b1110), (5, 8), (2, 2))  # gaps 40, 6
-    assert decode_payload(fine, lay)[0].idx.tolist() == [[40, 47]]
+    assert decode_payload(fine, lay).tensors()[0].idx.tolist() == [[40, 47]]
     assert _code(_entropy_fp32((2, 1), (7, 0b1111110)), lay) == RejectCode.MALFORMED  # transpose, 48 not s*s
     assert _code(_entropy_fp32((2, 0), (8, 0b11111110)), lay) == RejectCode.MALFORMED  # bucket 7 > 6
     assert _code(_entropy_fp32((2, 0), (7, 0b1111110)), lay) == RejectCode.TRUNCATED  # stream ends

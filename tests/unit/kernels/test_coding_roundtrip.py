@@ -36,7 +36,7 @@ def test_round_trip_bit_exact(vc: ValueCoding, ic: IndexCoding, cn: int, k: int,
     idx, val = _topk(rng, n, cn, k)
     enc, deq = encode_tensor(2, idx, val, cn, vc, ic)
     data = encode_payload([enc])
-    (dec,) = decode_payload(data, [(9, 16), (1, 1), (n, cn)])
+    (dec,) = decode_payload(data, [(9, 16), (1, 1), (n, cn)]).tensors()
     assert dec.tensor_id == 2
     np.testing.assert_array_equal(dec.idx, idx)
     assert dec.val.dtype == np.float32 and dec.val.tobytes() == deq.tobytes()
@@ -66,7 +66,7 @@ def test_unsorted_input_keeps_caller_order() -> None:
     perm = rng.permuted(np.tile(np.arange(8), (4, 1)), axis=1)
     uidx, uval = np.take_along_axis(idx, perm, 1), np.take_along_axis(val, perm, 1)
     enc, deq = encode_tensor(0, uidx, uval, 4096, ValueCoding.FP16, IndexCoding.ENTROPY)
-    (dec,) = decode_payload(encode_payload([enc]), [(4, 4096)])
+    (dec,) = decode_payload(encode_payload([enc]), [(4, 4096)]).tensors()
     np.testing.assert_array_equal(dec.idx, idx)
     np.testing.assert_array_equal(np.take_along_axis(dec.val, perm, 1), deq)
 
@@ -84,12 +84,12 @@ def test_many_tensors_any_subset_order_and_codings() -> None:
         enc, deq = encode_tensor(tid, idx, val, cn, vc, ic)
         encs.append(enc)
         want[tid] = (idx, deq)
-    out = decode_payload(encode_payload(encs), layouts)
+    out = decode_payload(encode_payload(encs), layouts).tensors()
     assert [t.tensor_id for t in out] == [0, 2, 3]
     for t in out:
         np.testing.assert_array_equal(t.idx, want[t.tensor_id][0])
         np.testing.assert_array_equal(t.val, want[t.tensor_id][1])
-    assert decode_payload(encode_payload([]), layouts) == []
+    assert decode_payload(encode_payload([]), layouts).tensors() == []
 
 
 def _size(idx: np.ndarray, cn: int, ic: IndexCoding) -> int:
@@ -150,7 +150,7 @@ def test_zero_chunks_and_extreme_magnitudes() -> None:
     val = np.array([[0, 0, 0, 0], [1e-30, -1e-30, 0, 0], [3e38, -3e38, 1, 0]], np.float32)
     for vc in ValueCoding:
         enc, deq = encode_tensor(0, idx, val, 64, vc, IndexCoding.FIXED)
-        (dec,) = decode_payload(encode_payload([enc]), [(3, 64)])
+        (dec,) = decode_payload(encode_payload([enc]), [(3, 64)]).tensors()
         assert np.isfinite(deq).all() and dec.val.tobytes() == deq.tobytes()
         assert (deq[0] == 0).all()
 
@@ -169,7 +169,7 @@ def test_worked_example_of_the_spec() -> None:
     assert data.hex(" ") == WORKED_EXAMPLE
     h = np.float32(2**-0.5)  # mean |v| = 0.625 -> c = rint(2 log2 0.625) = -1 -> q = -4
     np.testing.assert_array_equal(deq, [[h, -h, h, h]])
-    (_, db) = decode_payload(data, [(2, 64), (1, 1), (1, 4096)])
+    (_, db) = decode_payload(data, [(2, 64), (1, 1), (1, 4096)]).tensors()
     assert db.tensor_id == 2 and db.idx.tolist() == [[0, 1, 8, 70]]
     np.testing.assert_array_equal(db.val, deq)
 
@@ -215,7 +215,7 @@ def test_random_payloads_round_trip(case: tuple[list[tuple[int, int]], list[Spec
         enc, deq = encode_tensor(tid, idx, val, cn, vc, ic)
         encs.append(enc)
         want[tid] = (idx, deq)
-    out = decode_payload(encode_payload(encs), layouts)
+    out = decode_payload(encode_payload(encs), layouts).tensors()
     assert [t.tensor_id for t in out] == sorted(want)
     for t in out:
         np.testing.assert_array_equal(t.idx, want[t.tensor_id][0])

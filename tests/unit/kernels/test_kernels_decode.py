@@ -141,7 +141,7 @@ def test_wire_round_trip_with_coding(shape: tuple[int, ...], coding: str) -> Non
     idx, val = dct_topk(x, lay, 4)
     vc = ValueCoding[coding]
     enc, deq = encode_tensor(0, idx.numpy(), val.numpy(), lay.chunk_numel, vc, IndexCoding.ENTROPY)
-    (dec,) = decode_payload(encode_payload([enc]), [(lay.n_chunks, lay.chunk_numel)])
+    (dec,) = decode_payload(encode_payload([enc]), [(lay.n_chunks, lay.chunk_numel)]).tensors()
     got = decode_sum(lay, [(torch.from_numpy(dec.idx), torch.from_numpy(dec.val))])
     # The receiver rebuilds exactly the sender's dequantised values (error feedback relies on it).
     torch.testing.assert_close(got, decode_sum(lay, [(idx, torch.from_numpy(deq))]), atol=0, rtol=0)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distronet.kernels import coding_fast, decode
+from distronet.kernels import decode
+from distronet.kernels.coding import warm
 from distronet.kernels.decode import decode_sum
 from distronet.kernels.layout import ChunkLayout, plan_layout
 from distronet.protocol.errors import KernelError
@@ -17,7 +18,7 @@ Part = tuple[torch.Tensor, torch.Tensor]
 
 @pytest.fixture(autouse=True)
 def _warm() -> None:
-    assert coding_fast.warm(), "numba is a dependency: the compiled decoder must be available"
+    assert warm(), "numba is a dependency: the compiled decoder must be available"
 
 
 def _parts(lay: ChunkLayout, seed: int, ks: list[int]) -> list[Part]:

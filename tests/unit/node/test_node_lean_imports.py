@@ -85,9 +85,28 @@ def test_the_decoder_is_warmed_ahead_in_the_background() -> None:
     script = (
         "import sys\nfrom distronet.node.daemon.parts import wait_decoder_warm, warm_decoder\n"
         "t = warm_decoder(); done = wait_decoder_warm(120)\n"
-        "from distronet.kernels import coding_fast\n"
-        "print(done and not t.is_alive(), coding_fast.use_jit() == coding_fast.HAVE_JIT)"
+        "from distronet.kernels import coding\n"
+        "print(done and not t.is_alive(), coding.use_jit() == coding.HAVE_JIT)"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=150)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["True", "True"]
+
+
+def test_a_warmed_cache_is_trusted_by_later_processes() -> None:
+    """``warm_compiled_decoder`` leaves the marker (node's, not kernels'); a later process that
+    finds it decodes compiled at once, before its own warm-up has run."""
+    first = (
+        "from distronet.kernels import coding\nfrom distronet.node.daemon import parts\n"
+        "print(parts.warm_compiled_decoder(), parts._decoder_marker().read_text() == coding.jit_stamp())"
+    )
+    out = subprocess.run([sys.executable, "-c", first], capture_output=True, text=True, timeout=150)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "True"]
+    later = (
+        "from distronet.kernels import coding\nfrom distronet.node.daemon import parts\n"
+        "before = coding.use_jit(); parts._trust_cached_decoder(); print(before, coding.use_jit())"
+    )
+    out = subprocess.run([sys.executable, "-c", later], capture_output=True, text=True, timeout=150)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "True"]

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from distronet.kernels import coding_fast
-from distronet.kernels.coding import decode_payload_flat, encode_payload, encode_tensor
+from distronet.kernels.coding import decode_payload, encode_payload, encode_tensor, warm
 from distronet.kernels.decode import decode_sum
 from distronet.kernels.topk import topk_chunks
 from distronet.node.exchange.memory import MemoryHub
@@ -48,7 +47,7 @@ def _same(x: torch.Tensor, y: torch.Tensor) -> bool:
 
 @pytest.mark.parametrize("name", ["ours_k32", "ours_k4_1bit", "demo_reference", "psyche"])
 def test_round_sums_equal_decode_sum_per_tensor(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert coding_fast.warm(), "numba is a dependency: the compiled decoder must be available"
+    assert warm(), "numba is a dependency: the compiled decoder must be available"
     batched = []
     real = aggregate.decode_flat
     monkeypatch.setattr(aggregate, "decode_flat", lambda *a, **k: batched.append(1) or real(*a, **k))
@@ -83,7 +82,7 @@ def test_payloads_missing_tensors_and_empty_rounds() -> None:
                 preset("ours_k32").extraction.index_coding,
             )
             coded.append(enc)
-        flats.append(decode_payload_flat(encode_payload(coded), shapes))
+        flats.append(decode_payload(encode_payload(coded), shapes))
     tids = tuple(p.tensor_id for p in plans)
     for use in (flats[:1], flats, []):
         dec = packets.DecodedRound(3, tuple(bytes([i]) for i in range(len(use))), tuple(use), {}, b"", tids)
@@ -137,7 +136,7 @@ def test_optimizer_steps_are_bit_identical_to_the_per_tensor_decode(
 def test_decode_flat_results_outlive_the_next_call() -> None:
     """Its products live in per-thread scratch: a result that would be a view of one (a tensor
     of one column of chunks) is copied out, so the next call never changes an earlier result."""
-    from distronet.kernels.decode_batch import decode_flat
+    from distronet.kernels.decode import decode_flat
     from distronet.kernels.layout import plan_layout
 
     shapes = [(2000, 40), (3, 200, 40), (64, 64), (67, 131), (300,)]  # (2000, 40): 80k coefficients
@@ -151,7 +150,7 @@ def test_decode_flat_results_outlive_the_next_call() -> None:
             idx, val = topk_chunks(torch.randn(nk[t], generator=g), 5)
             vc, ic = preset("ours_k32").extraction.value_coding, preset("ours_k32").extraction.index_coding
             coded.append(encode_tensor(t, idx.numpy(), val.numpy(), lay.chunk_numel, vc, ic)[0])
-        return [decode_payload_flat(encode_payload(coded), nk)]
+        return [decode_payload(encode_payload(coded), nk)]
 
     first = decode_flat(layouts, payload(1))
     kept = [x.clone() for x in first]

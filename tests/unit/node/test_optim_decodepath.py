@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from distronet.kernels import coding_fast, decode
-from distronet.kernels.coding_flat import FlatPayload
+from distronet.kernels import decode
+from distronet.kernels.coding import FlatPayload, warm
 from distronet.kernels.decode import decode_sum
 from distronet.node.models.gpt import GPT, GPTConfig
 from distronet.node.optim import packets
@@ -47,7 +47,7 @@ def _old_as_parts(flat: FlatPayload) -> list[tuple[int, tuple[torch.Tensor, torc
 
 @pytest.mark.parametrize("name", ["ours_k32", "ours_k4_1bit", "demo_reference"])
 def test_round_aggregates_are_bit_identical(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert coding_fast.warm(), "numba is a dependency: the compiled decoder must be available"
+    assert warm(), "numba is a dependency: the compiled decoder must be available"
     plans, digest, frames = _round(name, 4)
     for n_peers in (1, 4):
         _compare(name, plans, digest, dict(list(frames.items())[:n_peers]), monkeypatch)

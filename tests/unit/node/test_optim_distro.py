@@ -77,7 +77,7 @@ def test_error_feedback_is_exact(name: str) -> None:
         opt.step()
         pkt = open_packet(ex.frames[step], run_id=cfg.run_id, layout_digest=opt.digest)
         shapes = [(pl.layout.n_chunks, pl.layout.chunk_numel) for pl in opt.plans]
-        for t in decode_payload(pkt.payload, shapes):
+        for t in decode_payload(pkt.payload, shapes).tensors():
             pl = opt.plans[t.tensor_id]
             sent = scatter_sum(
                 pl.layout, [(torch.from_numpy(np.asarray(t.idx)), torch.from_numpy(np.asarray(t.val)))]

@@ -1,20 +1,21 @@
-"""decode_sum_many / decode_flat: every tensor of every packet in one pass equals per-tensor decode_sum."""
+"""decode_flat: every tensor of every payload in one pass equals per-tensor decode_sum."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from distronet.kernels import decode_batch
+from distronet.kernels import decode, decode_plan
 from distronet.kernels.coding import (
     IndexCoding,
     ValueCoding,
-    decode_payload_flat,
+    decode_payload,
     encode_payload,
     encode_tensor,
+    warm,
 )
-from distronet.kernels.decode import decode_sum
-from distronet.kernels.decode_batch import decode_flat, decode_sum_many, plan_batch
+from distronet.kernels.decode import decode_flat, decode_sum
+from distronet.kernels.decode_plan import plan_batch
 from distronet.kernels.layout import plan_layout
 from distronet.kernels.topk import dct_topk
 from distronet.protocol.errors import KernelError
@@ -26,7 +27,7 @@ SHAPES = [(), (7,), (200,), (67, 131), (128, 96), (2, 3, 20, 70), (64, 64), (160
 
 @pytest.fixture(autouse=True)
 def _small_big_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(decode_batch, "SMALL_COEFFICIENTS", 20_000)
+    monkeypatch.setattr(decode_plan, "SMALL_COEFFICIENTS", 20_000)
     plan_batch.cache_clear()
 
 
@@ -48,30 +49,6 @@ def test_plan_puts_big_tensors_apart() -> None:
     assert sum(g.n_chunks for g in plan.groups) == sum(plan_layout(s, 16).n_chunks for s in SHAPES[:7])
 
 
-@pytest.mark.parametrize("packets", [1, 5])
-def test_many_equals_per_tensor_decode(packets: int) -> None:
-    layouts = [plan_layout(s, 16) for s in SHAPES]
-    per_packet = [_parts(SHAPES, seed, 1 + seed % 4) for seed in range(packets)]
-    parts = [[p[t] for p in per_packet] for t in range(len(SHAPES))]
-    got = decode_sum_many(layouts, parts)
-    for lay, ps, x in zip(layouts, parts, got, strict=True):
-        assert x.shape == lay.shape and x.dtype == torch.float32
-        torch.testing.assert_close(x, decode_sum(lay, ps, method="dense"), atol=2e-5, rtol=1e-5)
-
-
-def test_missing_tensors_decode_to_zero_and_bad_parts_raise() -> None:
-    layouts = [plan_layout(s, 16) for s in [(40,), (32, 32)]]
-    (p,) = _parts([(40,)], 0, 3)
-    z = decode_sum_many(layouts, [[p], []])
-    assert z[1].abs().sum() == 0 and z[0].abs().sum() > 0
-    with pytest.raises(KernelError):
-        decode_sum_many(layouts, [[p]])
-    with pytest.raises(KernelError):
-        decode_sum_many(layouts, [[(p[0] + 100, p[1])], []])
-    with pytest.raises(KernelError):
-        decode_sum_many(layouts, [[(p[0].int(), p[1])], []])
-
-
 def test_decode_flat_of_coded_payloads_equals_decode_sum() -> None:
     shapes = [(200,), (67, 131), (2, 3, 20, 70), (160, 144)]
     layouts = [plan_layout(s, 16) for s in shapes]
@@ -88,11 +65,10 @@ def test_decode_flat_of_coded_payloads_equals_decode_sum() -> None:
             enc, deq = encode_tensor(t, idx.numpy(), val.numpy(), layouts[t].chunk_numel, vc, ic)
             coded.append(enc)
             parts[t].append((idx, torch.from_numpy(deq)))
-        flats.append(decode_payload_flat(encode_payload(coded), nk))
+        flats.append(decode_payload(encode_payload(coded), nk))
     got = decode_flat(layouts, flats)
-    want = decode_sum_many(layouts, parts)
-    for lay, ps, x, y in zip(layouts, parts, got, want, strict=True):
-        torch.testing.assert_close(x, y, atol=2e-5, rtol=1e-5)
+    for lay, ps, x in zip(layouts, parts, got, strict=True):
+        assert x.shape == lay.shape and x.dtype == torch.float32
         torch.testing.assert_close(x, decode_sum(lay, ps), atol=2e-5, rtol=1e-5)
     with pytest.raises(KernelError):
         decode_flat(layouts[:2], flats)
@@ -101,9 +77,7 @@ def test_decode_flat_of_coded_payloads_equals_decode_sum() -> None:
 def test_compiled_scatter_is_bit_identical_to_index_add(monkeypatch: pytest.MonkeyPatch) -> None:
     """The compiled scatter adds what ``index_add_`` adds, in the same order: equal bits, with
     small and big (spatial-order) tensors, every coding, several k, packets missing tensors."""
-    from distronet.kernels import coding_fast
-
-    assert coding_fast.warm(), "numba is a dependency: the compiled decoder must be available"
+    assert warm(), "numba is a dependency: the compiled decoder must be available"
     layouts = [plan_layout(s, 16) for s in SHAPES]
     nk = [(lay.n_chunks, lay.chunk_numel) for lay in layouts]
     flats = []
@@ -114,9 +88,9 @@ def test_compiled_scatter_is_bit_identical_to_index_add(monkeypatch: pytest.Monk
             for t, (idx, val) in enumerate(_parts(SHAPES, seed, 1 + seed % 6))
             if (t + seed) % 4  # each packet leaves some tensors out
         ]
-        flats.append(decode_payload_flat(encode_payload(coded), nk))
+        flats.append(decode_payload(encode_payload(coded), nk))
     got = [x.clone() for x in decode_flat(layouts, flats)]
-    monkeypatch.setattr(decode_batch, "use_jit", lambda: False)
+    monkeypatch.setattr(decode, "use_jit", lambda: False)
     want = decode_flat(layouts, flats)
     for x, y in zip(got, want, strict=True):
         assert torch.equal(x.view(torch.int32), y.view(torch.int32))

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from distronet.kernels.decode import decode_sum
-from distronet.kernels.demo_reference import DemoReference, smaller_split
 from distronet.kernels.layout import plan_layout
 from distronet.kernels.topk import dct_topk
+from distronet.node.bench.codec_demo import DemoReference, smaller_split
 from distronet.protocol.errors import KernelError
 
 

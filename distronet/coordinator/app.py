@@ -74,7 +74,7 @@ class CoordinatorApp:
     ):
         self.cfg = cfg
         self.clock = clock
-        self.store = store if store is not None else open_store(cfg.db_url(), **self._store_opts(cfg))
+        self.store = store if store is not None else open_store(cfg.db_url(), synchronous=cfg.sqlite_sync)
         self.events = EventBus()
         self.committer = GroupCommitter(
             self.store,
@@ -94,18 +94,12 @@ class CoordinatorApp:
         self.fatal = asyncio.Event()
         self._sweeper: asyncio.Task[None] | None = None
         self.web = web.Application(client_max_size=cfg.operator_body_limit, middlewares=[self._errors])
-        self.pipelines: dict[str, Pipeline] = {}
         for r in ROUTES:
-            self.pipelines[r.name] = self._wrap(r)
-            self.web.router.add_route(r.method, r.full_path, _routed(self.pipelines[r.name]), name=r.name)
+            self.web.router.add_route(r.method, r.full_path, _routed(self._wrap(r)), name=r.name)
         add_dashboard_routes(self.web)
         self.web.on_shutdown.append(self._on_shutdown)
         self.web.on_cleanup.append(self._on_cleanup)
         self.openapi = build_openapi(ROUTES, VERSION)
-
-    @staticmethod
-    def _store_opts(cfg: CoordinatorConfig) -> dict[str, Any]:
-        return {"synchronous": cfg.sqlite_sync} if cfg.db_url().startswith("sqlite:") else {}
 
     def served(self) -> Served:
         """This app as the operations see it (mypy checks that it is one)."""

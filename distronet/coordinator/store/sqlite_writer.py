@@ -7,7 +7,7 @@ every call of the batch waited for it. A process has its own interpreter: only a
 delay it.
 
 Parent side: :class:`WriterProcess` (used by :class:`~.sqlite.SqliteStore`) starts
-``python -m distronet.coordinator.store.sqlite_writer PATH SYNC PARENT_PID REQ_FD RESP_FD``,
+this module's :func:`main` in a new interpreter (``PATH SYNC PARENT_PID REQ_FD RESP_FD``),
 sends each batch as one frame and hands the answer to the batch's ``done`` callback from an
 event-loop reader (no thread, no future). Child side: :func:`main` opens the database with the
 same pragmas as the parent (:func:`.sqlite_db.connect`), runs the periodic checkpointer,
@@ -42,6 +42,7 @@ import msgpack
 
 from distronet.coordinator.store.base import TABLES, StoreError
 from distronet.coordinator.store.sqlite_db import CHECKPOINT_EVERY_S, Checkpointer, Work, commit_rows, connect
+from distronet.coordinator.trace import TRACE
 
 __all__ = ["EXIT_TIMEOUT_S", "MAX_FRAME", "WriterProcess", "main"]
 
@@ -50,6 +51,11 @@ START_TIMEOUT_S = 30.0
 EXIT_TIMEOUT_S = 30.0
 Timing = tuple[float, float, float, float]
 Done = Callable[[BaseException | None], None]
+
+
+# The child's command: not ``-m`` (the store package imports this module first, and runpy
+# would then run a second copy of it).
+_CHILD = f"import sys; from {__name__} import main; sys.exit(main(sys.argv[1:]))"
 
 
 def _frame(obj: Any) -> bytes:
@@ -80,7 +86,7 @@ class WriterProcess:
         kills the child when the thread that started it ends. Then :meth:`wait_ready`."""
         req_r, req_w = os.pipe()
         resp_r, resp_w = os.pipe()
-        cmd = [sys.executable, "-m", __name__, self.path, self.synchronous, str(os.getpid())]
+        cmd = [sys.executable, "-c", _CHILD, self.path, self.synchronous, str(os.getpid())]
         try:
             self.proc = subprocess.Popen(
                 [*cmd, str(req_r), str(resp_w)], stdin=subprocess.DEVNULL, pass_fds=(req_r, resp_w)
@@ -272,6 +278,7 @@ def _checked(work: Any) -> Work:
 def main(argv: list[str]) -> int:
     """The child: ``PATH SYNC PARENT_PID REQ_FD RESP_FD``. Exit 0 at the end of the pipe."""
     path, synchronous, parent, req_fd, resp_fd = argv[0], argv[1], int(argv[2]), int(argv[3]), int(argv[4])
+    TRACE.on = False  # inherited DISTRO_COORD_TRACE: nothing dumps a child's trace
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent(parent)
@@ -311,7 +318,3 @@ def main(argv: list[str]) -> int:
     checkpointer.stop()
     conn.close()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

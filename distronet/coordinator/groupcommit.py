@@ -146,13 +146,6 @@ class GroupCommitter:
             return self._inflight
         return None
 
-    def batch_of(self, fut: asyncio.Future[None] | None) -> int:
-        """The number of the batch whose commit ``fut`` (from :meth:`durable_future`) waits for
-        (0: none). For the trace."""
-        if fut is None:
-            return 0
-        return self.taken if fut is self._inflight else self.taken + 1
-
     async def durable(self) -> None:
         """Wait until everything staged so far is committed. Raises ApiError(UNAVAILABLE) on failure."""
         fut = self.durable_future()

@@ -1,4 +1,7 @@
-"""The HTTP face of the coordinator: one route table, one request pipeline, aiohttp underneath.
+"""The HTTP face of the coordinator: the route table (:mod:`.routes`) on aiohttp, one request
+pipeline. The four hot node routes are also served by :mod:`.hotpath`, which runs this
+pipeline's own steps (:meth:`CoordinatorApp.admit`, ``node_headers``, ``verify_node``) on the
+requests it parses itself.
 
 Pipeline of every call (:meth:`CoordinatorApp._wrap`): declared body size (413) -> auth
 (operator bearer 401/403, or signature / session headers 401/403) -> body read within the
@@ -14,12 +17,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -43,143 +43,21 @@ from distronet.coordinator.events import EventBus
 from distronet.coordinator.groupcommit import GroupCommitter
 from distronet.coordinator.metrics import Metrics
 from distronet.coordinator.openapi import build_openapi
+from distronet.coordinator.routes import JSON, ROUTES, Ctx, Route, Served, encode_json, parse_json
 from distronet.coordinator.service import Coordinator
 from distronet.coordinator.sessions import SessionTable
 from distronet.coordinator.store import Store, open_store
 from distronet.coordinator.trace import TRACE
-from distronet.protocol import coordinator_api as api
-from distronet.protocol.coordinator_api import API_PREFIX, ApiError, ApiErrorCode, Schema, error_body
-from distronet.protocol.coordinator_session import HDR_SESSION, SESSION
+from distronet.protocol.coordinator_api import ApiError, ApiErrorCode, error_body
+from distronet.protocol.coordinator_session import HDR_SESSION
 
-__all__ = ["ROUTES", "CoordinatorApp", "Ctx", "Route"]
+__all__ = ["CoordinatorApp", "json_response"]
 
 log = logging.getLogger(__name__)
 VERSION = "0.1.0"
 
 
-@dataclass(frozen=True)
-class Route:
-    """One API route. ``auth`` is none|operator|signed; ``limit`` is node|operator (body size).
-
-    A ``signed`` route also takes a session MAC in place of the signature unless ``mac`` is False
-    (opening a session needs the peer key itself).
-    """
-
-    method: str
-    path: str
-    name: str
-    auth: str
-    schema: Schema | None
-    summary: str
-    limit: str = "node"
-    raw: bool = False  # the handler builds its own response (SSE, files, metrics)
-    mac: bool = True
-
-    @property
-    def full_path(self) -> str:
-        return self.path if self.path.startswith("/metrics") else API_PREFIX + self.path
-
-
-@dataclass(slots=True)
-class Ctx:
-    """What the pipeline hands an operation: the request, its path parameters (``run_id``,
-    ``unit``, ...), its validated body and the authenticated peer (signed routes)."""
-
-    request: web.BaseRequest | None  # None on the hot-route protocol (those handlers never read it)
-    params: Mapping[str, str]
-    body: dict[str, Any]
-    peer: str | None
-
-
 Pipeline = Callable[[web.BaseRequest, Mapping[str, str]], Awaitable[web.StreamResponse]]
-
-
-R = Route
-# Hot routes first: aiohttp tries routes in registration order.
-ROUTES: list[Route] = [
-    R("POST", "/runs/{run_id}/heartbeat", "heartbeat", "signed", api.HEARTBEAT, "Liveness, step, loss."),
-    R("POST", "/runs/{run_id}/leases", "lease", "signed", api.LEASE, "Lease shards."),
-    R("POST", "/runs/{run_id}/leases/{unit}/renew", "renew", "signed", api.LEASE_TOKEN, "Renew a lease."),
-    R(
-        "POST",
-        "/runs/{run_id}/leases/{unit}/complete",
-        "complete",
-        "signed",
-        api.LEASE_TOKEN,
-        "Complete a lease.",
-    ),
-    R("GET", "/openapi.json", "openapi", "none", None, "This document."),
-    R("GET", "/health", "health", "none", None, "Liveness and storage state."),
-    R("GET", "/runs", "list_runs", "none", None, "Ids of every run."),
-    R("POST", "/runs", "create_run", "operator", api.CREATE_RUN, "Create a run.", limit="operator"),
-    R("GET", "/runs/{run_id}", "get_run", "none", None, "A run's definition and progress (what join reads)."),
-    R("POST", "/runs/{run_id}/close", "close_run", "operator", api.EMPTY, "Stop leasing new shards."),
-    R(
-        "POST",
-        "/runs/{run_id}/join-tokens",
-        "join_tokens",
-        "operator",
-        api.CREATE_TOKENS,
-        "Mint join tokens.",
-    ),
-    R("POST", "/runs/{run_id}/nodes/{peer_id}/evict", "evict", "operator", api.EVICT, "Evict a node."),
-    R("GET", "/runs/{run_id}/nodes", "nodes", "none", None, "Every node of the run."),
-    R("GET", "/runs/{run_id}/leaderboard", "leaderboard", "none", None, "Contribution ledger, best first."),
-    R("GET", "/runs/{run_id}/events", "events", "none", None, "Server-sent events of the run.", raw=True),
-    R(
-        "GET",
-        "/runs/{run_id}/shards/{shard_id}",
-        "shard",
-        "none",
-        None,
-        "A data shard (HTTP Range).",
-        raw=True,
-    ),
-    R("GET", "/runs/{run_id}/leases/{unit}", "lease_state", "none", None, "The state of one shard unit."),
-    R(
-        "POST",
-        "/runs/{run_id}/challenge",
-        "challenge",
-        "none",
-        api.CHALLENGE,
-        "A challenge to sign for join.",
-    ),
-    R("POST", "/runs/{run_id}/join", "join", "none", api.JOIN, "Join with a signed challenge."),
-    R(
-        "POST",
-        "/runs/{run_id}/session",
-        "session",
-        "signed",
-        SESSION,
-        "Open a session: X25519 key exchange signed with the peer key; later calls carry an HMAC.",
-        mac=False,
-    ),
-    R("POST", "/runs/{run_id}/receipts", "receipts", "signed", api.RECEIPTS, "Signed packet receipts."),
-    R("POST", "/runs/{run_id}/leave", "leave", "signed", api.EMPTY, "Leave the run, giving leases back."),
-    R("GET", "/metrics", "metrics", "none", None, "Prometheus metrics.", raw=True),
-]
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-# Built once: json.loads/json.dumps with options build a new decoder/encoder on every call.
-_DECODE = json.JSONDecoder(parse_constant=_no_constant).decode
-encode_json = json.JSONEncoder(separators=(",", ":")).encode
-
-
-def parse_json(body: bytes) -> Any:
-    """The JSON value of a request body (``{}`` when empty). Raises ApiError(MALFORMED)."""
-    if not body:
-        return {}
-    try:
-        return _DECODE(body.decode())
-    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-        raise ApiError(ApiErrorCode.MALFORMED, "body is not valid JSON (UTF-8, no NaN/Infinity)") from None
-
-
-JSON = "application/json"
 _JSON_HEADERS: CIMultiDict[str] = CIMultiDict({"Content-Type": JSON})  # copied per use
 
 
@@ -196,7 +74,7 @@ class CoordinatorApp:
     ):
         self.cfg = cfg
         self.clock = clock
-        self.store = store if store is not None else open_store(cfg.db_url(), **self._store_opts(cfg))
+        self.store = store if store is not None else open_store(cfg.db_url(), synchronous=cfg.sqlite_sync)
         self.events = EventBus()
         self.committer = GroupCommitter(
             self.store,
@@ -216,20 +94,16 @@ class CoordinatorApp:
         self.fatal = asyncio.Event()
         self._sweeper: asyncio.Task[None] | None = None
         self.web = web.Application(client_max_size=cfg.operator_body_limit, middlewares=[self._errors])
-        self.pipelines: dict[str, Pipeline] = {}
         for r in ROUTES:
-            self.pipelines[r.name] = self._wrap(r)
-            self.web.router.add_route(r.method, r.full_path, _routed(self.pipelines[r.name]), name=r.name)
+            self.web.router.add_route(r.method, r.full_path, _routed(self._wrap(r)), name=r.name)
         add_dashboard_routes(self.web)
         self.web.on_shutdown.append(self._on_shutdown)
         self.web.on_cleanup.append(self._on_cleanup)
         self.openapi = build_openapi(ROUTES, VERSION)
 
-    @staticmethod
-    def _store_opts(cfg: CoordinatorConfig) -> dict[str, Any]:
-        if not cfg.db_url().startswith("sqlite:"):
-            return {}
-        return {"synchronous": cfg.sqlite_sync, "writer": cfg.sqlite_writer}
+    def served(self) -> Served:
+        """This app as the operations see it (mypy checks that it is one)."""
+        return self
 
     async def start(self) -> None:
         """Open and migrate the store, rebuild memory from it, start the writer and the sweeper."""
@@ -433,11 +307,6 @@ class CoordinatorApp:
             if len(buf) > limit:
                 raise ApiError(ApiErrorCode.TOO_LARGE, f"body is over this route's {limit} bytes")
         return bytes(buf)
-
-    def shard_file(self, root: str, rel: str) -> Path | None:
-        base = Path(root).resolve()
-        p = (base / rel).resolve()
-        return p if p.is_relative_to(base) and p.is_file() else None
 
 
 def _routed(pipeline: Pipeline) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import gc
 import logging
 import os
 import signal
@@ -26,8 +25,6 @@ __all__ = ["build_parser", "config_from_args", "main"]
 
 ENV_PREFIX = "DISTRO_COORD_"
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-SWITCH_INTERVAL_S = 0.001  # env DISTRO_COORD_SWITCH_INTERVAL_S overrides (for measurements)
-GC_THRESHOLDS = (20_000, 50, 100)
 log = logging.getLogger("distronet.coordinator")
 
 
@@ -80,59 +77,14 @@ def config_from_args(args: argparse.Namespace, env: dict[str, str] | None = None
 
 
 async def serve(cfg: Any, run_files: Sequence[str]) -> int:
-    """Run the service until a signal or a storage failure. Returns the exit code."""
-    from aiohttp import web
+    """Run the service until a signal or a storage failure. Returns the exit code.
 
-    from distronet.coordinator.app import CoordinatorApp
-    from distronet.coordinator.config import load_run_file
-    from distronet.coordinator.fastpath import install_fast_path
-    from distronet.coordinator.hotpath import HotSite
+    The first SIGINT/SIGTERM starts a graceful shutdown; a second one, even during it, exits
+    at once (130)."""
+    from distronet.coordinator.local import local_coordinator
 
-    # The SQLite thread takes the GIL back after every statement; by default it may wait up to
-    # 5 ms each time for the busy event-loop thread, which stretches group commits (and so every
-    # answer's latency). 1 ms bounds that wait at a small cost in thread switches.
-    sys.setswitchinterval(float(os.environ.get(ENV_PREFIX + "SWITCH_INTERVAL_S", SWITCH_INTERVAL_S)))
-    # Every request keeps a few hundred objects alive until its commit lands, so with the
-    # default gen-0 threshold (700) young collections ran every few requests, walked the
-    # in-flight requests each time and promoted them, which in turn set off full collections.
-    # Run this process's own collections far less often (cyclic garbage waits a little longer).
-    gc.set_threshold(*GC_THRESHOLDS)
-    app = CoordinatorApp(cfg)
-    app.gc_freeze = True  # this process is the coordinator's own
-    await app.start()
-    try:
-        for f in run_files:
-            spec, root = load_run_file(f)
-            _, created = app.svc.create_run(spec, shard_root=root)
-            await app.committer.durable()
-            log.info("run %s %s from %s", spec["id"], "created" if created else "already present", f)
-        app.freeze_heap()
-    except Exception:
-        await app.close()
-        raise
-    runner = web.AppRunner(
-        app.web, access_log=None, handle_signals=False, shutdown_timeout=cfg.shutdown_timeout_s
-    )
-    await runner.setup()
-    install_fast_path(runner, app)  # hot calls on connections handed over to aiohttp
-    site = HotSite(
-        runner,
-        app,
-        cfg.host,
-        cfg.port,
-        backlog=2048,
-        reuse_address=True,
-        shutdown_timeout=cfg.shutdown_timeout_s,
-    )
-    await site.start()
-    port = site.port
-    if cfg.port_file:
-        tmp = Path(cfg.port_file + ".tmp")
-        tmp.write_text(str(port))
-        os.replace(tmp, cfg.port_file)
-    log.info("coordinator listening on http://%s:%d (store %s)", cfg.host, port, app.store.url_scheme)
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
     hits = [0]
 
     def on_signal() -> None:
@@ -143,15 +95,22 @@ async def serve(cfg: Any, run_files: Sequence[str]) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
-    waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(app.fatal.wait())]
-    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    for w in waiters:
-        w.cancel()
-    log.info("shutting down")
-    await runner.cleanup()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.remove_signal_handler(sig)
-    return EXIT_ERROR if app.fatal.is_set() else EXIT_OK
+    try:
+        async with local_coordinator(cfg, port=cfg.port, run_files=run_files, owns_process=True) as lc:
+            if cfg.port_file:
+                tmp = Path(cfg.port_file + ".tmp")
+                tmp.write_text(str(lc.port))
+                os.replace(tmp, cfg.port_file)
+            log.info("coordinator listening on %s (store %s)", lc.url, lc.app.store.url_scheme)
+            waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(lc.app.fatal.wait())]
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            for w in waiters:
+                w.cancel()
+            log.info("shutting down")
+        return EXIT_ERROR if lc.app.fatal.is_set() else EXIT_OK
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

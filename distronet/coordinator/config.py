@@ -26,7 +26,6 @@ class CoordinatorConfig:
     data_dir: str = "./coordinator-data"
     db: str = ""  # default: sqlite:///<data_dir>/coordinator.db
     sqlite_sync: str = "FULL"  # FULL: survives power loss; NORMAL: survives a killed process
-    sqlite_writer: str = "process"  # process: commits in a child process (no GIL waits); thread
     commit_min_interval_s: float = 0.002  # group commits begin at most this often (GroupCommitter)
     operator_token: str | None = None  # required for every operator write; None: writes refused
     node_body_limit: int = 64 * 1024
@@ -40,6 +39,11 @@ class CoordinatorConfig:
     sweep_interval_s: float = 1.0
     shutdown_timeout_s: float = 10.0
     port_file: str | None = None  # write the bound port here once listening (for --port 0)
+    # Young-generation threshold of the cyclic GC in a served process (older generations every
+    # 50 and 100 young passes). Python's 700 ran a young pass every few requests (each keeps a
+    # few hundred objects alive until its commit), which promoted them and set off full
+    # collections that stalled the loop; 0 keeps Python's defaults. Only `serve` applies it.
+    gc_threshold: int = 20_000
 
     def db_url(self) -> str:
         return self.db or f"sqlite:///{Path(self.data_dir).resolve() / 'coordinator.db'}"

@@ -8,14 +8,14 @@ phase after the previous commit is done, so one fsync carries every request that
 meanwhile.
 
 No task and no future sit between the store and the answers: a store with ``commit_cb`` (the
-SQLite one) reports completion with one ``call_soon_threadsafe`` of :meth:`_done`, which
+SQLite one) calls :meth:`_done` from the event-loop reader of its writer child's answer, which
 answers every waiter of the batch (their callbacks run right there, in order) and schedules
-the next commit for right after the next poll phase (so what arrived meanwhile joins it). The
-earlier design (a writer task awaiting an executor future, waiters resumed through future
-done-callbacks) took three loop iterations from the fsync's end to the answers, and every
-iteration first ran the poll phase: a burst of new requests arriving on hundreds of
-connections (tens of milliseconds of handling after any stall) was served before the calls
-whose commit had already finished.
+the next commit for right after the next poll phase (so what arrived meanwhile joins it). A
+writer task awaiting a future, with waiters resumed through future done-callbacks, takes
+three loop iterations from the fsync's end to the answers, and every iteration first runs the
+poll phase: a burst of new requests arriving on hundreds of connections (tens of
+milliseconds of handling after any stall) would be served before the calls whose commit had
+already finished. Stores without ``commit_cb`` (PostgreSQL) are awaited by a task.
 
 Commits are strictly ordered, so an answer that depends on an earlier change (for example a
 lease issued after another one expired) is never acknowledged before that change is durable.
@@ -145,13 +145,6 @@ class GroupCommitter:
                 self._inflight = asyncio.get_running_loop().create_future()
             return self._inflight
         return None
-
-    def batch_of(self, fut: asyncio.Future[None] | None) -> int:
-        """The number of the batch whose commit ``fut`` (from :meth:`durable_future`) waits for
-        (0: none). For the trace."""
-        if fut is None:
-            return 0
-        return self.taken if fut is self._inflight else self.taken + 1
 
     async def durable(self) -> None:
         """Wait until everything staged so far is committed. Raises ApiError(UNAVAILABLE) on failure."""

@@ -1,4 +1,4 @@
-"""One function per route (named as in :data:`distronet.coordinator.app.ROUTES`).
+"""One function per route (named as in :data:`distronet.coordinator.routes.ROUTES`).
 
 A plain handler returns ``(status, json_object)`` after staging its writes; the pipeline waits
 for durability before it answers. A raw handler (SSE, files, metrics) is a coroutine returning
@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from distronet.coordinator.routes import Ctx, Served
 from distronet.protocol.coordinator_api import ApiError, ApiErrorCode
 
 if TYPE_CHECKING:
-    from distronet.coordinator.app import CoordinatorApp, Ctx
     from distronet.coordinator.events import Event
 
 Result = tuple[int, Any]
@@ -34,54 +35,54 @@ def _unit(ctx: Ctx) -> int:
     return int(raw)
 
 
-def openapi(app: CoordinatorApp, ctx: Ctx) -> Result:
+def openapi(app: Served, ctx: Ctx) -> Result:
     return 200, app.openapi
 
 
-def health(app: CoordinatorApp, ctx: Ctx) -> Result:
+def health(app: Served, ctx: Ctx) -> Result:
     ok = app.committer.failed is None and not app.closing
     return (200 if ok else 503), {"ok": ok, "runs": len(app.svc.runs), "commits": app.committer.commits}
 
 
-def list_runs(app: CoordinatorApp, ctx: Ctx) -> Result:
+def list_runs(app: Served, ctx: Ctx) -> Result:
     return 200, {"runs": sorted(app.svc.runs)}
 
 
-def create_run(app: CoordinatorApp, ctx: Ctx) -> Result:
+def create_run(app: Served, ctx: Ctx) -> Result:
     run, created = app.svc.create_run(ctx.body)
     if created:
         app.freeze_heap()
     return (201 if created else 200), app.svc.run_public(run)
 
 
-def get_run(app: CoordinatorApp, ctx: Ctx) -> Result:
+def get_run(app: Served, ctx: Ctx) -> Result:
     return 200, app.svc.run_public(app.svc.run(_run_id(ctx)))
 
 
-def close_run(app: CoordinatorApp, ctx: Ctx) -> Result:
+def close_run(app: Served, ctx: Ctx) -> Result:
     run = app.svc.run(_run_id(ctx))
     app.svc.set_run_state(run, "closed")
     return 200, app.svc.run_public(run)
 
 
-def join_tokens(app: CoordinatorApp, ctx: Ctx) -> Result:
+def join_tokens(app: Served, ctx: Ctx) -> Result:
     run = app.svc.run(_run_id(ctx))
     b = ctx.body
     return 200, {"tokens": app.svc.create_join_tokens(run, b["count"], b["uses"], b["expires_in_s"])}
 
 
-def evict(app: CoordinatorApp, ctx: Ctx) -> Result:
+def evict(app: Served, ctx: Ctx) -> Result:
     run = app.svc.run(_run_id(ctx))
     node = app.svc.evict(run, ctx.params["peer_id"], ctx.body["reason"])
     return 200, node.public()
 
 
-def nodes(app: CoordinatorApp, ctx: Ctx) -> Result:
+def nodes(app: Served, ctx: Ctx) -> Result:
     run = app.svc.run(_run_id(ctx))
     return 200, {"nodes": [n.public() for n in run.nodes.values()]}
 
 
-def leaderboard(app: CoordinatorApp, ctx: Ctx) -> Result:
+def leaderboard(app: Served, ctx: Ctx) -> Result:
     run = app.svc.run(_run_id(ctx))
     assert ctx.request is not None
     raw = ctx.request.query.get("limit", "100")
@@ -90,22 +91,22 @@ def leaderboard(app: CoordinatorApp, ctx: Ctx) -> Result:
     return 200, {"leaderboard": app.svc.leaderboard(run, int(raw))}
 
 
-def lease_state(app: CoordinatorApp, ctx: Ctx) -> Result:
+def lease_state(app: Served, ctx: Ctx) -> Result:
     run = app.svc.run(_run_id(ctx))
     return 200, app.svc.lease_state(run, _unit(ctx))
 
 
-def challenge(app: CoordinatorApp, ctx: Ctx) -> Result:
+def challenge(app: Served, ctx: Ctx) -> Result:
     run = app.svc.run(_run_id(ctx))
     ch, exp = app.svc.challenge(run, ctx.body["peer_id"])
     return 200, {"challenge": ch, "expires_at": exp}
 
 
-def join(app: CoordinatorApp, ctx: Ctx) -> Result:
+def join(app: Served, ctx: Ctx) -> Result:
     return 200, app.svc.join(app.svc.run(_run_id(ctx)), ctx.body)
 
 
-def session(app: CoordinatorApp, ctx: Ctx) -> Result:
+def session(app: Served, ctx: Ctx) -> Result:
     run, _node_rec = _node(app, ctx)
     assert ctx.peer is not None
     s, server_pub = app.sessions.open(run.id, ctx.peer, ctx.body["x25519"], app.clock())
@@ -117,47 +118,55 @@ def session(app: CoordinatorApp, ctx: Ctx) -> Result:
     }
 
 
-def _node(app: CoordinatorApp, ctx: Ctx) -> tuple[Any, Any]:
+def _node(app: Served, ctx: Ctx) -> tuple[Any, Any]:
     run = app.svc.run(_run_id(ctx))
     assert ctx.peer is not None
     return run, app.svc.node_for(run, ctx.peer)
 
 
-def lease(app: CoordinatorApp, ctx: Ctx) -> Result:
+def lease(app: Served, ctx: Ctx) -> Result:
     run, node = _node(app, ctx)
     return 200, app.svc.lease(run, node, ctx.body["want"])
 
 
-def renew(app: CoordinatorApp, ctx: Ctx) -> Result:
+def renew(app: Served, ctx: Ctx) -> Result:
     run, node = _node(app, ctx)
     return 200, app.svc.renew(run, node, _unit(ctx), ctx.body["lease_token"])
 
 
-def complete(app: CoordinatorApp, ctx: Ctx) -> Result:
+def complete(app: Served, ctx: Ctx) -> Result:
     run, node = _node(app, ctx)
     return 200, app.svc.complete(run, node, _unit(ctx), ctx.body["lease_token"])
 
 
-def heartbeat(app: CoordinatorApp, ctx: Ctx) -> Result:
+def heartbeat(app: Served, ctx: Ctx) -> Result:
     run, node = _node(app, ctx)
     return 200, app.svc.heartbeat(run, node, ctx.body)
 
 
-def receipts(app: CoordinatorApp, ctx: Ctx) -> Result:
+def receipts(app: Served, ctx: Ctx) -> Result:
     run, node = _node(app, ctx)
     return 200, app.svc.receipts(run, node, ctx.body["receipts"])
 
 
-def leave(app: CoordinatorApp, ctx: Ctx) -> Result:
+def leave(app: Served, ctx: Ctx) -> Result:
     run, node = _node(app, ctx)
     return 200, app.svc.leave(run, node)
 
 
-async def metrics(app: CoordinatorApp, ctx: Ctx) -> web.StreamResponse:
+async def metrics(app: Served, ctx: Ctx) -> web.StreamResponse:
     return web.Response(body=app.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4"})
 
 
-async def shard(app: CoordinatorApp, ctx: Ctx) -> web.StreamResponse:
+def shard_file(root: str, rel: str) -> Path | None:
+    """The file ``rel`` under ``root``, or None when it is not a file there (path traversal
+    included: ``..`` or a symlink leading out of ``root``)."""
+    base = Path(root).resolve()
+    p = (base / rel).resolve()
+    return p if p.is_relative_to(base) and p.is_file() else None
+
+
+async def shard(app: Served, ctx: Ctx) -> web.StreamResponse:
     run = app.svc.run(_run_id(ctx))
     sid = ctx.params["shard_id"]
     idx = run.shard_index.get(sid)
@@ -166,13 +175,13 @@ async def shard(app: CoordinatorApp, ctx: Ctx) -> web.StreamResponse:
     s = run.shards[idx]
     if s.url is not None:
         raise web.HTTPFound(s.url)
-    path = app.shard_file(run.shard_root, s.path) if run.shard_root and s.path else None
+    path = shard_file(run.shard_root, s.path) if run.shard_root and s.path else None
     if path is None:
         raise ApiError(ApiErrorCode.NOT_FOUND, f"shard {sid!r} is not served by this coordinator")
     return web.FileResponse(path, headers={"ETag": f'"{s.sha256}"', "Cache-Control": "public, max-age=86400"})
 
 
-async def events(app: CoordinatorApp, ctx: Ctx) -> web.StreamResponse:
+async def events(app: Served, ctx: Ctx) -> web.StreamResponse:
     """SSE: replay the ring after Last-Event-ID (or ?after=), then stream live events."""
     run = app.svc.run(_run_id(ctx))
     req = ctx.request

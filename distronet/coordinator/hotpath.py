@@ -11,8 +11,9 @@ waits for durability with a done-callback on the group commit (no task), and wri
 prebuilt answer.
 
 Anything else hands the connection, with every byte buffered so far, to an aiohttp request
-handler of the same server (``transport.set_protocol``), which then keeps it: every other
-route, the dashboard, the OpenAPI document, and anything unusual about a request (HTTP/1.0, a
+handler of the same server (``transport.set_protocol``), which then keeps it and serves
+everything on it through the app's router (hot routes included, with the same pipeline): every
+other route, the dashboard, the OpenAPI document, and anything unusual about a request (HTTP/1.0, a
 query, percent-escapes, ``Transfer-Encoding``, ``Expect``, ``Upgrade``, a repeated
 ``Content-Length``, non-ASCII bytes, a malformed or over-long head) take aiohttp's path
 unchanged. A declared body over the route's limit is answered 413 at once and the
@@ -37,15 +38,14 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from distronet.coordinator import handlers
-from distronet.coordinator.app import JSON, ROUTES, Ctx, encode_json, parse_json
-from distronet.coordinator.fastpath import match_hot
+from distronet.coordinator.routes import HOT, JSON, ROUTES, Ctx, Route, encode_json, parse_json
 from distronet.coordinator.trace import TRACE
-from distronet.protocol.coordinator_api import ApiError, ApiErrorCode
+from distronet.protocol.coordinator_api import API_PREFIX, ApiError, ApiErrorCode
 
 if TYPE_CHECKING:
-    from distronet.coordinator.app import CoordinatorApp, Route
+    from distronet.coordinator.app import CoordinatorApp
 
-__all__ = ["HotProtocol", "HotSite"]
+__all__ = ["HotProtocol", "HotSite", "match_hot", "parse_head"]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,43 @@ _TARGET = re.compile(r"/[!-~]*")
 # Header lines: a token, a colon, visible ASCII, space or tab (no obs-fold, no control bytes).
 _HEADERS = re.compile(r"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t -~]*\r\n)*")
 _HANDED_OVER = ("transfer-encoding", "expect", "upgrade")
+
+
+_PREFIX = [*API_PREFIX.split("/"), "runs"]  # "", "api", "v1", "runs"
+_N = len(_PREFIX)
+_ONE = {"heartbeat": "heartbeat", "leases": "lease"}  # .../runs/{run_id}/<this>
+_TWO = {"renew": "renew", "complete": "complete"}  # .../runs/{run_id}/leases/{unit}/<this>
+
+
+def _segment_ok(seg: str) -> bool:
+    # What the router's ``{name}`` matches: one non-empty segment without braces; never a dot
+    # segment (URL normalisation would remove it before routing).
+    return bool(seg) and "{" not in seg and "}" not in seg and seg not in (".", "..")
+
+
+def match_hot(method: str, raw_path: str) -> tuple[str, dict[str, str]] | None:
+    """``(route name, path parameters)`` when ``method raw_path`` is a hot route, else None.
+
+    Only plain paths qualify (no ``%`` escapes, no query), so the parameters are exactly what
+    aiohttp's router would extract from the same request.
+    """
+    if method != "POST" or "%" in raw_path or "?" in raw_path:
+        return None
+    parts = raw_path.split("/")
+    n = len(parts)
+    if n == _N + 2:
+        name = _ONE.get(parts[-1])
+    elif n == _N + 4 and parts[_N + 1] == "leases":
+        name = _TWO.get(parts[-1])
+    else:
+        return None
+    if name is None or parts[:_N] != _PREFIX or not _segment_ok(parts[_N]):
+        return None
+    if n == _N + 2:
+        return name, {"run_id": parts[_N]}
+    if not _segment_ok(parts[_N + 2]):
+        return None
+    return name, {"run_id": parts[_N], "unit": parts[_N + 2]}
 
 
 def _status_line(status: int) -> bytes:
@@ -170,9 +207,7 @@ class _Shared:
         self.hot_calls = 0  # requests answered on the hot path
         self.handed_over = 0  # connections given to aiohttp
         self.routes: dict[str, tuple[Route, Any, int]] = {
-            r.name: (r, getattr(handlers, r.name), app.route_limit(r))
-            for r in ROUTES
-            if r.name in ("heartbeat", "lease", "renew", "complete")
+            r.name: (r, getattr(handlers, r.name), app.route_limit(r)) for r in ROUTES if r.name in HOT
         }
 
     def gone(self, conn: HotProtocol) -> None:

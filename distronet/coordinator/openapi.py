@@ -14,7 +14,7 @@ from distronet.protocol.coordinator_api import (
 from distronet.protocol.coordinator_session import HDR_MAC, HDR_SESSION
 
 if TYPE_CHECKING:
-    from distronet.coordinator.app import Route
+    from distronet.coordinator.routes import Route
 
 __all__ = ["build_openapi"]
 

@@ -7,14 +7,15 @@ a load generator's timestamps in another process):
 - per hot call: when its first bytes reached the event loop, when its handling started and
   ended, which group commit it waited for, when its answer was written, its peer and nonce
   (to match the generator's record of the same call);
-- per group commit: when the writer took the batch, when the SQLite thread started it, ran its
+- per group commit: when the writer took the batch, when the SQLite writer started it, ran its
   statements, finished ``COMMIT`` (the fsync), when the loop saw it done, and its rows;
 - every cyclic-GC pass (generation, start, duration, thread CPU, objects collected) via
   ``gc.callbacks``;
 - event-loop stalls: a 1 ms ticker's lateness when over 2 ms, and the event-loop thread's CPU
   time meanwhile (near the lateness: our own code ran that long; near 0: the thread waited for
   a CPU or the GIL);
-- the checkpointer thread's passes (start, duration).
+- the checkpointer's passes (start, duration) if it runs in the traced process; it runs in
+  the SQLite writer child, which does not trace, so a served coordinator records none.
 
 :func:`dump` writes it all as one JSON object (at :meth:`CoordinatorApp.close`). Cost while
 off: one attribute test per call site.

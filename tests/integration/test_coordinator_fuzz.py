@@ -260,7 +260,7 @@ def test_no_input_gets_a_5xx(server: Server, data: st.DataObject) -> None:
 @FUZZ
 @given(data=st.data())
 def _shaped_signed_call(server: Server, member: Identity, sess: SessionKey, data: st.DataObject) -> None:
-    from distronet.coordinator.app import ROUTES
+    from distronet.coordinator.routes import ROUTES
 
     route = data.draw(st.sampled_from([r for r in ROUTES if r.method == "POST" and r.schema is not None]))
     assert route.schema is not None
@@ -305,7 +305,7 @@ def _valid_body(name: str) -> dict[str, Any]:
 
 
 def _writes(server: Server, auth: str) -> list[Any]:
-    from distronet.coordinator.app import ROUTES
+    from distronet.coordinator.routes import ROUTES
 
     return [r for r in ROUTES if r.method == "POST" and r.auth == auth]
 
@@ -318,7 +318,7 @@ def test_unauthenticated_writes_get_401(server: Server, member: Identity) -> Non
 
 
 def test_oversize_bodies_get_413(server: Server, member: Identity) -> None:
-    from distronet.coordinator.app import ROUTES
+    from distronet.coordinator.routes import ROUTES
 
     for r in [r for r in ROUTES if r.method == "POST"]:
         limit = NODE_LIMIT if r.limit == "node" else 1 << 20

@@ -1,4 +1,4 @@
-"""The store interface, the rows it keeps, and :func:`open_store` (a URL picks the backend).
+"""The store interface and the rows it keeps (:func:`.factory.open_store` picks a backend by URL).
 
 Rows are plain tuples in the column order of :data:`TABLES`. A :class:`Batch` holds the latest
 row per primary key (a later put of the same key replaces the earlier one) and is committed in
@@ -19,7 +19,7 @@ from typing import Any
 
 from distronet.coordinator.errors import CoordinatorError
 
-__all__ = ["TABLES", "Batch", "Row", "Snapshot", "Store", "StoreError", "open_store", "upsert_sql"]
+__all__ = ["TABLES", "Batch", "Row", "Snapshot", "Store", "StoreError", "upsert_sql"]
 
 Row = tuple[Any, ...]
 
@@ -118,26 +118,3 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None:
         """Release the connection(s). Idempotent."""
-
-
-def open_store(url: str, **options: Any) -> Store:
-    """A store for ``url``: ``sqlite:///abs/path.db`` (or ``sqlite:relative.db``) or ``postgresql://…``.
-
-    The store is not opened yet: ``await store.open()``. Raises StoreError on an unknown scheme.
-    """
-    if url.startswith("sqlite:"):
-        from distronet.coordinator.store.sqlite import SqliteStore
-
-        path = url[len("sqlite:") :]
-        if path.startswith("///"):
-            path = path[2:]
-        elif path.startswith("//"):
-            raise StoreError(f"{url!r}: write sqlite:///absolute/path.db or sqlite:relative.db")
-        if not path:
-            raise StoreError(f"{url!r} names no file")
-        return SqliteStore(path, **options)
-    if url.startswith(("postgresql://", "postgres://")):
-        from distronet.coordinator.store.postgres import PostgresStore
-
-        return PostgresStore(url, **options)
-    raise StoreError(f"unknown database URL {url.split(':', 1)[0]!r}: use sqlite:///path or postgresql://...")

@@ -1,17 +1,17 @@
-"""The SQLite writer in a process of its own: commits never wait for the event loop's GIL.
+"""The SQLite writer, in a process of its own: commits never wait for the event loop's GIL.
 
-With the writer on a thread of the coordinator's process, every statement of a commit gives the
-GIL back while SQLite works and must take it back from the busy event-loop thread afterwards (up
-to a switch interval each time). Under load that stretched commits from under a millisecond to
-20-57 ms with 4-8 ms of CPU in them, and every call of the batch waited for it. A process has
-its own interpreter: only a CPU core can delay it.
+On a thread of the coordinator's process, every statement of a commit gave the GIL back while
+SQLite worked and had to take it back from the busy event-loop thread afterwards. Under load
+that stretched commits from under a millisecond to 20-57 ms with 4-8 ms of CPU in them, and
+every call of the batch waited for it. A process has its own interpreter: only a CPU core can
+delay it.
 
-Parent side: :class:`WriterProcess` (used by ``SqliteStore(writer="process")``) starts
-``python -m distronet.coordinator.store.sqlite_writer PATH SYNC PARENT_PID REQ_FD RESP_FD``,
+Parent side: :class:`WriterProcess` (used by :class:`~.sqlite.SqliteStore`) starts
+this module's :func:`main` in a new interpreter (``PATH SYNC PARENT_PID REQ_FD RESP_FD``),
 sends each batch as one frame and hands the answer to the batch's ``done`` callback from an
 event-loop reader (no thread, no future). Child side: :func:`main` opens the database with the
-same pragmas as the thread writer, runs the periodic checkpointer, commits frames strictly in
-order and answers each with its timing.
+same pragmas as the parent (:func:`.sqlite_db.connect`), runs the periodic checkpointer,
+commits frames strictly in order and answers each with its timing.
 
 Frames, both ways: a 4-byte big-endian length, then msgpack. Request ``[seq, [[table, [row,
 ...]], ...]]``; answer ``[seq, error or None, thread_start, statements_done, commit_done,
@@ -41,6 +41,8 @@ from typing import Any, BinaryIO
 import msgpack
 
 from distronet.coordinator.store.base import TABLES, StoreError
+from distronet.coordinator.store.sqlite_db import CHECKPOINT_EVERY_S, Checkpointer, Work, commit_rows, connect
+from distronet.coordinator.trace import TRACE
 
 __all__ = ["EXIT_TIMEOUT_S", "MAX_FRAME", "WriterProcess", "main"]
 
@@ -48,8 +50,12 @@ MAX_FRAME = 1 << 30  # one batch; a run of 200,000 shards is ~40 MB
 START_TIMEOUT_S = 30.0
 EXIT_TIMEOUT_S = 30.0
 Timing = tuple[float, float, float, float]
-Work = list[tuple[str, list[Any]]]  # as sqlite.Work: (table, rows) in commit order
 Done = Callable[[BaseException | None], None]
+
+
+# The child's command: not ``-m`` (the store package imports this module first, and runpy
+# would then run a second copy of it).
+_CHILD = f"import sys; from {__name__} import main; sys.exit(main(sys.argv[1:]))"
 
 
 def _frame(obj: Any) -> bytes:
@@ -80,7 +86,7 @@ class WriterProcess:
         kills the child when the thread that started it ends. Then :meth:`wait_ready`."""
         req_r, req_w = os.pipe()
         resp_r, resp_w = os.pipe()
-        cmd = [sys.executable, "-m", __name__, self.path, self.synchronous, str(os.getpid())]
+        cmd = [sys.executable, "-c", _CHILD, self.path, self.synchronous, str(os.getpid())]
         try:
             self.proc = subprocess.Popen(
                 [*cmd, str(req_r), str(resp_w)], stdin=subprocess.DEVNULL, pass_fds=(req_r, resp_w)
@@ -271,9 +277,8 @@ def _checked(work: Any) -> Work:
 
 def main(argv: list[str]) -> int:
     """The child: ``PATH SYNC PARENT_PID REQ_FD RESP_FD``. Exit 0 at the end of the pipe."""
-    from distronet.coordinator.store.sqlite import CHECKPOINT_EVERY_S, Checkpointer, commit_rows, connect
-
     path, synchronous, parent, req_fd, resp_fd = argv[0], argv[1], int(argv[2]), int(argv[3]), int(argv[4])
+    TRACE.on = False  # inherited DISTRO_COORD_TRACE: nothing dumps a child's trace
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent(parent)
@@ -313,7 +318,3 @@ def main(argv: list[str]) -> int:
     checkpointer.stop()
     conn.close()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

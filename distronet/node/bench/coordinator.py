@@ -241,8 +241,7 @@ def _verify_us() -> float:
 
 def _cpu_seconds(proc: subprocess.Popen[bytes] | None) -> tuple[float, float, float]:
     """(user, system, main thread user+system) CPU seconds of the coordinator, its child
-    processes (the SQLite writer) included (Linux /proc; 0s elsewhere). The rest of user+system
-    is its SQLite writer (thread or process) and checkpointer."""
+    processes (the SQLite writer and its checkpointer) included (Linux /proc; 0s elsewhere)."""
     if proc is None:
         return 0.0, 0.0, 0.0
     tck = os.sysconf("SC_CLK_TCK")

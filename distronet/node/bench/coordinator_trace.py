@@ -10,7 +10,7 @@ stages that add up to it:
     to_loop       written -> its bytes reached the server's event loop (kernel, loop busy)
     handle        reached the loop -> handled (parse, auth, schema, operation)
     batch_wait    handled -> the writer took its batch (the commit before it still running)
-    to_thread     batch taken -> the SQLite thread started it (executor hand-off)
+    to_thread     batch taken -> the SQLite writer process started it (pipe hand-off)
     statements    the upserts
     fsync         ``COMMIT`` (the WAL's fsync under synchronous=FULL)
     to_loop_back  COMMIT done -> the event loop saw it (GIL, loop busy)

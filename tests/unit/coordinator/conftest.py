@@ -55,21 +55,11 @@ async def _pg_reachable() -> bool:
     return True
 
 
-# Store options per URL the fixture hands out (the SQLite writer in a child process).
-STORE_OPTIONS: dict[str, dict[str, str]] = {}
-
-
-@pytest.fixture(params=["sqlite", "sqlite-process", pytest.param("postgresql", marks=pytest.mark.postgres)])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
-    """A fresh, empty database URL of each backend (PostgreSQL only when a server is reachable);
-    ``sqlite-process``: SQLite with its writer in a child process (``STORE_OPTIONS``)."""
+    """A fresh, empty database URL of each backend (PostgreSQL only when a server is reachable)."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'c.db'}"
-    elif request.param == "sqlite-process":
-        url = f"sqlite:///{tmp_path / 'p.db'}"
-        STORE_OPTIONS[url] = {"writer": "process"}
-        yield url
-        del STORE_OPTIONS[url]
     else:
         if not await _pg_reachable():
             pytest.skip(f"no PostgreSQL server at {PG_URL.split('@')[-1]} (set DISTRO_TEST_POSTGRES)")
@@ -78,7 +68,7 @@ async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIter
 
 @pytest.fixture
 async def store(store_url: str) -> AsyncIterator[Store]:
-    s = open_store(store_url, **STORE_OPTIONS.get(store_url, {}))
+    s = open_store(store_url)
     await s.open()
     yield s
     await s.close()

@@ -56,3 +56,34 @@ def test_run_file_reads_the_manifest_next_to_it(tmp_path: Path) -> None:
     (tmp_path / "broken.toml").write_text("id = ")
     with pytest.raises(RunConfigError, match="cannot read run file"):
         load_run_file(tmp_path / "broken.toml")
+
+
+async def test_the_serve_function_creates_run_files_and_owns_the_process_gc(tmp_path: Path) -> None:
+    """`serve` and the tests share `local_coordinator`; owning the process applies the GC
+    threshold and freezes the long-lived state, and the run files exist before it listens."""
+    import gc
+
+    import aiohttp
+
+    from distronet.coordinator.local import local_coordinator
+
+    shards = [{"id": "a", "path": "a.bin", "sha256": "0" * 64, "tokens": 10, "bytes": 10}]
+    (tmp_path / "m.json").write_text(
+        json.dumps({"version": 1, "tokenizer": "byte", "dtype": "uint16", "shards": shards})
+    )
+    (tmp_path / "run.toml").write_text('id = "demo"\n[data]\nmanifest = "m.json"\n')
+    cfg = CoordinatorConfig(db=f"sqlite:///{tmp_path / 'c.db'}", gc_threshold=12_345)
+    old = gc.get_threshold()
+    try:
+        async with (
+            local_coordinator(cfg, run_files=[str(tmp_path / "run.toml")], owns_process=True) as lc,
+            aiohttp.ClientSession() as http,
+        ):
+            assert gc.get_threshold()[0] == 12_345 and lc.app.gc_freeze and gc.get_freeze_count() > 0
+            async with http.get(lc.url + "/api/v1/runs") as r:
+                assert (await r.json()) == {"runs": ["demo"]}
+    finally:
+        gc.set_threshold(*old)
+        gc.unfreeze()
+    async with local_coordinator(cfg) as lc:  # not the owner: process-wide settings untouched
+        assert gc.get_threshold() == old and not lc.app.gc_freeze and "demo" in lc.app.svc.runs

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from distronet.coordinator.groupcommit import GroupCommitter
-from distronet.coordinator.store import StoreError, open_store
+from distronet.coordinator.store import Batch, StoreError, open_store
 from distronet.coordinator.store.sqlite import SqliteStore
 from distronet.protocol.coordinator_api import ApiError
 
@@ -67,11 +67,11 @@ class _BrokenStore(SqliteStore):
         super().__init__(path)
         self.n = 0
 
-    def _commit(self, work: list[tuple[str, list[tuple[object, ...]]]]) -> None:
+    def commit_cb(self, batch: Batch, done: Callable[[BaseException | None], None]) -> None:
         self.n += 1
         if self.n == 2:
             raise StoreError("disk full")
-        super()._commit(work)
+        super().commit_cb(batch, done)
 
 
 async def test_a_failed_commit_fails_its_waiters_and_every_later_write(tmp_path: Path) -> None:
@@ -137,15 +137,15 @@ async def test_a_store_without_commit_cb_is_awaited_in_order(tmp_path: Path) -> 
 
 
 class _TimedStore(SqliteStore):
-    """A real SQLite store that records when each commit reached its thread."""
+    """A real SQLite store that records when each commit was handed to its writer."""
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
         self.begins: list[float] = []
 
-    def _commit(self, work: list[tuple[str, list[tuple[object, ...]]]]) -> None:
+    def commit_cb(self, batch: Batch, done: Callable[[BaseException | None], None]) -> None:
         self.begins.append(time.perf_counter())
-        super()._commit(work)
+        super().commit_cb(batch, done)
 
 
 async def test_min_interval_paces_commits_but_a_lone_write_commits_at_once(tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ def _batch(*units: int, token: str = "t") -> Batch:
 
 
 async def _open(path: Path) -> SqliteStore:
-    store = open_store(f"sqlite:///{path}", writer="process")
+    store = open_store(f"sqlite:///{path}")
     assert isinstance(store, SqliteStore)
     await store.open()
     return store
@@ -135,7 +135,7 @@ import asyncio, sys
 from distronet.coordinator.store import open_store
 
 async def main():
-    store = open_store(sys.argv[1], writer="process")
+    store = open_store(sys.argv[1])
     await store.open()
     print(store._proc.proc.pid, flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
@@ -172,11 +172,6 @@ def test_frames_are_shape_checked() -> None:
     for bad in ({"units": []}, [["nope", []]], [["units", [[1, 2]]]], [["units"]], [["units", "x"]]):
         with pytest.raises(StoreError, match="malformed"):
             _checked(bad)
-
-
-def test_an_unknown_writer_is_refused() -> None:
-    with pytest.raises(StoreError, match="thread' or 'process"):
-        open_store("sqlite:///x.db", writer="fork")
 
 
 async def test_close_does_not_hang_on_a_stopped_writer(

@@ -111,7 +111,7 @@ async def test_sqlite_file_is_wal_and_upgrades_an_old_schema(tmp_path: Path) -> 
 
 
 async def test_sqlite_upserts_padded_to_few_statement_sizes_write_exactly_the_batch(tmp_path: Path) -> None:
-    from distronet.coordinator.store.sqlite import _padded, _upserts
+    from distronet.coordinator.store.sqlite_db import _padded, upserts
 
     assert len({_padded(n) for n in range(1, 3277)}) < 60
     assert all(n <= _padded(n) <= n * 1.25 + 1 for n in range(1, 5000))
@@ -123,7 +123,7 @@ async def test_sqlite_upserts_padded_to_few_statement_sizes_write_exactly_the_ba
             b.put("units", _unit(i, 1, f"t{n}"))
             b.put("receipts", ("r1", "p", i, "a", f"h{n}", 1.0))  # insert-once rows: padded too
         if n < 3276:
-            [(_sql, params)] = _upserts("units", b.ordered()[0][1])
+            [(_sql, params)] = upserts("units", b.ordered()[0][1])
             assert len(params) == _padded(n) * 10
         await store.commit(b)
     await store.close()

@@ -10,11 +10,13 @@ in order (``DistroOptimizer.apply_replayed``: decode + update, ~35 ms a round, n
 the peer answers that the next round is not decided yet: it is then at the swarm's step, with its
 momentum intact (so its packets count at once; no warm-up masking).
 
-``replay_to_swarm`` is tried first by ``Node.catch_up``; it gives up (the node downloads a state)
-when no peer answers, when the swarm is more than ``max_gap`` rounds ahead (the peers' retention
-less ``GAP_MARGIN``: older frames are gone), or when a round cannot be fetched. After a download
-it runs again: the swarm moved on while the state came. A replica whose state *differs* from the
-swarm's (a drift check found it) must not replay: replaying keeps its own parameters.
+``replay_to_swarm`` is tried first by ``CatchUp.catch_up`` (``resync.py`` draws the whole
+catch-up flow); it gives up (the node downloads a state) when no peer answers, when the swarm is
+more than ``max_gap`` rounds ahead (the peers' retention less ``GAP_MARGIN``: older frames are
+gone), or when a round cannot be fetched. After a download it runs again: the swarm moved on
+while the state came. A replica whose state *differs* from the swarm's (a drift check found it)
+must not replay: replaying keeps its own parameters. :func:`replay_rounds` wires it to a
+``Replica`` and the libp2p exchange.
 """
 
 from __future__ import annotations
@@ -24,16 +26,14 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from distronet.node.catchup.replica import Replica
 from distronet.node.exchange.base import Round, RoundUnavailable
 from distronet.node.exchange.manifest_ask import AskStep, ask_newest, steps_of
+from distronet.node.exchange.swarm import AsyncSwarmExchange
 from distronet.node.swarm.control import peer_id
 
-if TYPE_CHECKING:
-    from distronet.node.daemon.node import Node
-
-__all__ = ["AHEAD", "Replayed", "replay_node", "replay_to_swarm"]
+__all__ = ["AHEAD", "Replayed", "replay_rounds", "replay_to_swarm"]
 
 log = logging.getLogger(__name__)
 
@@ -130,37 +130,24 @@ async def replay_to_swarm(
             task.cancel()
 
 
-async def replay_node(
-    node: Node, peers: Sequence[bytes], timeout: float, *, verify_steps: int
-) -> bool | None:
-    """``Node.catch_up``'s first try, and its last step after a state download: True when rounds
-    were replayed up to the swarm's step (``node.step`` moved; its hash is checked against peers
-    for ``verify_steps`` steps; ``status.resyncs`` counts it, so a drift check begun before it
-    is void), False when the swarm is at most one step past ours (we are in step: nothing to
-    replay or download), None when a state must be downloaded instead (``node.step`` has moved
-    if some rounds were replayed before that)."""
-    assert node.core is not None and node.swarm is not None
-    optimizer, was = node.optimizer, node.step
+async def replay_rounds(
+    replica: Replica, core: AsyncSwarmExchange, peers: Sequence[bytes], timeout: float
+) -> Replayed | None:
+    """:func:`replay_to_swarm` from the round ``replica``'s optimizer is due to apply, over the
+    libp2p exchange ``core`` (its ``replay``; each peer's step asked with ``manifest_ask``), each
+    round applied under ``replica.lock``. Moves ``replica.step`` past the rounds applied (each is
+    the swarm's, whatever came after them). None: a state must be downloaded instead."""
+    optimizer, control = replica.optimizer, core.swarm.host.control_path
 
     async def apply(rnd: Round) -> None:
-        async with node.model_lock:
+        async with replica.lock:
             await asyncio.to_thread(optimizer.apply_replayed, rnd)
 
-    control = node.swarm.host.control_path
     got = await replay_to_swarm(
         peers, ask_step=lambda p: ask_newest(control, peer_id(p), ASK_TIMEOUT_S), due=optimizer.rounds_due(),
-        max_gap=max(1, node.core.config.retention - GAP_MARGIN), replay_round=node.core.replay, apply=apply,
+        max_gap=max(1, core.config.retention - GAP_MARGIN), replay_round=core.replay, apply=apply,
         timeout=timeout,
     )  # fmt: skip
-    if got is None:
-        return None
-    if not got.rounds:
-        return False if got.tip and got.swarm_step <= was + 1 else None
-    node.step = optimizer.step_index  # rounds applied are the swarm's, whatever came after them
-    log.info("%s: replayed rounds %d-%d the swarm decided, now at step %d (was at %d)",
-             "caught up" if got.tip else "partly caught up", got.first, got.first + got.rounds - 1,
-             node.step, was)  # fmt: skip
-    node.status.resyncs += 1
-    node.status.replayed_rounds += got.rounds
-    node.verify_until = node.step + verify_steps
-    return True if got.tip else None
+    if got is not None and got.rounds:
+        replica.step = optimizer.step_index
+    return got

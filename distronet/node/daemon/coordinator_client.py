@@ -28,6 +28,7 @@ Errors::
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
@@ -123,8 +124,6 @@ def sign_receipt(
     signer: Signer, run_id: str, step: int, producer_b58: str, payload_sha256: str
 ) -> dict[str, Any]:
     """A receipt by ``signer`` (the acceptor) that ``producer``'s packet for ``step`` was accepted."""
-    import base64
-
     sig = signer.sign(receipt_message(run_id, step, producer_b58, payload_sha256))
     return {
         "step": step,
@@ -322,8 +321,6 @@ class CoordinatorClient:
         ch = await self._call(
             "POST", f"/runs/{self.run_id}/challenge", {"peer_id": self.identity.peer_id_b58}
         )
-        import base64
-
         sig = self.identity.sign(join_message(self.run_id, self.identity.peer_id_b58, ch["challenge"]))
         body: dict[str, Any] = {
             "peer_id": self.identity.peer_id_b58,

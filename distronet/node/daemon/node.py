@@ -23,7 +23,12 @@ was stuck in, and the process exits hard after ``close``), and each stage of ``c
 ``stage`` names what shutdown is doing (logged; ``join``'s watchdog prints it with every
 thread's stack if the process is still alive past its deadline).
 
-Errors::
+Where things are: the parts are made in ``parts.py`` (identity, run tables, p2pd) and
+``training.py`` (model, optimizer, trainer, checkpoint; imports torch); the loops in ``loops.py``
+take them as one ``LoopParts``; catch-up (replay, state download, drift repair, resync after a
+failed round) is ``node/catchup/resync.py``; shards are ``shards.py``.
+
+Errors (``errors.py``)::
 
     DistroError
     └── NodeError              the node cannot go on; ``exit_code`` says which ``ExitCode``
@@ -35,46 +40,44 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import logging
-import math
 import time
-from collections.abc import Awaitable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from distronet.node.catchup.digests import DigestBoard
-from distronet.node.catchup.replay import replay_node
-from distronet.node.catchup.statesync import NoNewerState, StateDonor, fetch_state
+from distronet.node.catchup.resync import CatchUp
+from distronet.node.catchup.statesync import StateDonor
 from distronet.node.config import NodeConfig
-from distronet.node.daemon import parts
+from distronet.node.daemon import loops, parts
 from distronet.node.daemon.coordinator_client import (
     CoordinatorClient,
     CoordinatorRefused,
     CoordinatorUnreachable,
-    Lease,
+    JoinResult,
 )
+from distronet.node.daemon.errors import CALL_S, NodeError, NodeStateError, deadline
+from distronet.node.daemon.loops import LoopParts
 from distronet.node.daemon.metrics import NodeMetrics
+from distronet.node.daemon.shards import Shards
 from distronet.node.daemon.status import NodeStatus, StatusFile
-from distronet.node.data.batch_share import SharedFeed
-from distronet.node.data.shard_supply import DOWNLOAD_S, ShardSupply
-from distronet.node.exchange.swarm import AsyncSwarmExchange, manifest_topic
-from distronet.node.exchange.sync import SwarmExchange
+from distronet.node.exchange.swarm import AsyncSwarmExchange, ExchangeConfig
 from distronet.node.exitcodes import ExitCode
 from distronet.node.models.spec import ModelSpec
+from distronet.node.optim.config import DistroConfig
 from distronet.node.swarm.errors import SwarmError
 from distronet.node.swarm.stack import Swarm
-from distronet.protocol.errors import ConfigError, DistroError
+from distronet.protocol.errors import ConfigError
+from distronet.protocol.identity import Identity
 
-if TYPE_CHECKING:  # torch's modules load in a background thread while the node connects (_backend)
+if TYPE_CHECKING:  # types only: backends import torch, which loads in the background (_backend)
     from distronet.node.backends import ComputeBackend
-    from distronet.node.daemon.trainer import BatchSource
-    from distronet.node.swarm.hivemind_shim import PeerID
 
-__all__ = ["Node", "NodeError", "NodeState", "NodeStateError"]
+__all__ = ["CALL_S", "CLOSE_BUDGET_S", "CLOSE_CAPS_S", "Node", "NodeError", "NodeState", "NodeStateError"]
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-CALL_S = 15.0  # deadline of one call to the coordinator or p2pd
-VERIFY_STEPS = 3  # a node that adopted the swarm's state checks its hash against peers this many steps
 # Caps of close()'s stages (seconds), each independent of the coordinator's and peers' health.
 CLOSE_CAPS_S: dict[str, float] = {
     "background tasks": 1.0,
@@ -87,18 +90,7 @@ CLOSE_CAPS_S: dict[str, float] = {
 }
 CLOSE_BUDGET_S = sum(CLOSE_CAPS_S.values())  # 13 s: set aside for close() out of shutdown_timeout_s
 MIN_WIND_DOWN_S = 2.0  # the step in flight gets at least this long after a stop request
-
-
-class NodeError(DistroError):
-    """The node cannot go on. ``exit_code`` is the process exit code to use."""
-
-    def __init__(self, message: str, exit_code: ExitCode = ExitCode.ERROR) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-class NodeStateError(NodeError):
-    """A transition the state machine does not allow (a bug in the caller)."""
+FIRST_CATCH_UP_S = 30.0  # a newcomer's catch-up before its first step, retries included
 
 
 class NodeState(enum.Enum):
@@ -120,14 +112,6 @@ _NEXT: dict[NodeState, set[NodeState]] = {
 }
 
 
-async def deadline(aw: Awaitable[T], seconds: float, what: str, code: ExitCode = ExitCode.ERROR) -> T:
-    """Await ``aw`` for at most ``seconds``; raise ``NodeError(code)`` naming ``what`` if late."""
-    try:
-        return await asyncio.wait_for(aw, seconds)
-    except asyncio.TimeoutError:
-        raise NodeError(f"{what}: no answer within {seconds:.0f} s", code) from None
-
-
 class Node:
     """One running node. Build with :meth:`create`; always :meth:`close` (idempotent)."""
 
@@ -137,27 +121,25 @@ class Node:
         self.stop_requested = asyncio.Event()
         self.stop_at: float | None = None  # monotonic time of the first stop request
         self.stage = "created"  # what the node is doing; during shutdown, which stage (see close)
-        self.abandoned = False  # a step was still running at close: exit the process hard
+        self.abandoned = False  # the run was still busy at the wind-down deadline: it was cancelled
         self.client: CoordinatorClient | None = None
+        self.run_info: dict[str, Any] = {}
+        self.status: NodeStatus | None = None
+        self.status_file: StatusFile | None = None
         self.swarm: Swarm | None = None
         self.core: AsyncSwarmExchange | None = None
         self.donor: StateDonor | None = None
         self.board: DigestBoard | None = None  # our parameter digests of recent steps, for drift checks
-        self.model_lock = asyncio.Lock()  # held while a step (or a state load) changes the model
         self.metrics = NodeMetrics()
-        self.run_info: dict[str, Any] = {}
+        self.parts: LoopParts | None = None  # everything the loops use, once built
         self._tasks: list[asyncio.Task[None]] = []
-        self.verify_until = -1  # after adopting a state, drift-check every step up to here
-        self._tokens: Any = None  # the current shard's tokens (numpy, 1-D)
-        self.supply: ShardSupply | None = None  # completes shards, fetches the next one ahead
-        self.catch_up_failed = False  # the last catch_up could not fetch or load a peer's state
 
     def _to(self, new: NodeState) -> None:
         if new not in _NEXT[self.state]:
             raise NodeStateError(f"node cannot go from {self.state.value} to {new.value}")
         log.debug("state %s -> %s", self.state.value, new.value)
         self.state = new
-        if hasattr(self, "status"):
+        if self.status is not None:
             self.status.state = new.value
 
     # ------------------------------------------------------------------ build
@@ -180,22 +162,39 @@ class Node:
         return self
 
     async def _build(self) -> None:
-        cfg, data = self.cfg, self.cfg.data_path
+        cfg = self.cfg
         backend = None
         if cfg.train.device not in ("auto", "cpu"):  # one that may be absent fails before the network
             backend = await self._backend()
-        self.identity, key_path = parts.load_identity(data)
+        identity, key_path = parts.load_identity(cfg.data_path)
+        reports = cfg.data_path / "reports.jsonl"  # what the coordinator missed while it was down
         self.client = CoordinatorClient(
-            cfg.coordinator, cfg.run_id, self.identity, buffer_path=data / "reports.jsonl", timeout_s=CALL_S
+            cfg.coordinator, cfg.run_id, identity, buffer_path=reports, timeout_s=CALL_S
         )
+        spec, dcfg, xcfg, joined = await self._read_and_join(self.client)
+        self.client.resume()
+        self.status = NodeStatus(cfg.run_id, identity.peer_id_b58, state=self.state.value)
+        self.status_file = StatusFile(cfg.data_path / "status.json")
+        boot = parts.bootstrap_addrs(joined.bootstrap_peers, identity.peer_id_b58)
+        maddrs = await self._connect(identity, key_path, boot, xcfg)
+        log.info("p2pd up, %d bootstrap address(es); building the model", len(boot))
+        await self.client.heartbeat(0, multiaddrs=maddrs)
+        backend = backend or await self._backend()
+        # a run in progress (it has peers): wait for at least one of them, then catch up
+        self.parts = await self._assemble(spec, dcfg, backend, identity, joined, maddrs, bool(boot))
+
+    async def _read_and_join(
+        self, client: CoordinatorClient
+    ) -> tuple[ModelSpec, DistroConfig, ExchangeConfig, JoinResult]:
+        """The run's model, optimizer and exchange tables (checked before joining), and the join."""
         try:
-            self.run_info = await deadline(
-                self.client.get_run(), CALL_S, "coordinator", ExitCode.COORDINATOR_UNREACHABLE
+            run_info = await deadline(
+                client.get_run(), CALL_S, "coordinator", ExitCode.COORDINATOR_UNREACHABLE
             )
-            spec = ModelSpec.from_run(self.run_info["model"])
-            dcfg = parts.optimizer_config(cfg.run_id, self.run_info["optimizer"])
-            xcfg = parts.exchange_config(self.run_info["exchange"])
-            joined = await self.client.join(join_token=cfg.join_token or None, agent="distro-node")
+            spec = ModelSpec.from_run(run_info["model"])
+            dcfg = parts.optimizer_config(self.cfg.run_id, run_info["optimizer"])
+            xcfg = parts.exchange_config(run_info["exchange"])
+            joined = await client.join(join_token=self.cfg.join_token or None, agent="distro-node")
         except CoordinatorUnreachable as e:
             raise NodeError(
                 f"{e}; check --coordinator and that it is running", ExitCode.COORDINATOR_UNREACHABLE
@@ -204,14 +203,15 @@ class Node:
             raise NodeError(str(e), ExitCode.REJECTED) from e
         except ConfigError as e:
             raise NodeError(f"the run's definition is not usable by this node: {e}", ExitCode.USAGE) from e
-        self.client.resume()
-        self.status = NodeStatus(cfg.run_id, self.identity.peer_id_b58, state=self.state.value)
-        self.status_file = StatusFile(data / "status.json")
-        self.heartbeat_s = float(joined.heartbeat_interval_s)
-        boot = parts.bootstrap_addrs(joined.bootstrap_peers, self.identity.peer_id_b58)
-        self.run_has_peers = bool(boot)  # a run in progress: wait for at least one peer, then catch up
+        self.run_info = run_info
+        return spec, dcfg, xcfg, joined
+
+    async def _connect(
+        self, identity: Identity, key_path: Path, boot: tuple[str, ...], xcfg: ExchangeConfig
+    ) -> list[str]:
+        """p2pd, the exchange, the state donor and the digest board; our dialable addresses."""
         try:
-            self.swarm = await parts.start_swarm(cfg, cfg.run_id, self.identity, key_path, boot)
+            self.swarm = await parts.start_swarm(self.cfg, self.cfg.run_id, identity, key_path, boot)
             self.core = await AsyncSwarmExchange.create(self.swarm, xcfg)
             self.donor = await deadline(
                 StateDonor.create(self.swarm), CALL_S, "state donor", ExitCode.NETWORK
@@ -219,81 +219,64 @@ class Node:
             self.board = await deadline(
                 DigestBoard.create(self.swarm.host), CALL_S, "digest board", ExitCode.NETWORK
             )
-            self.maddrs = await self.swarm.host.maddrs()
+            return await self.swarm.host.maddrs()
         except SwarmError as e:
             raise NodeError(f"the libp2p daemon could not start or join: {e}", ExitCode.NETWORK) from e
-        log.info("p2pd up, %d bootstrap address(es); building the model", len(boot))
-        await self.client.heartbeat(0, multiaddrs=self.maddrs)
-        self.backend = backend or await self._backend()
-        self._build_training(spec, dcfg)
 
     async def _backend(self) -> ComputeBackend:
         """The compute backend, once torch has loaded (``join`` starts that in a background thread,
-        ``node_parts.preload_torch``, so it overlaps the coordinator calls and p2pd's start)."""
+        ``parts.preload_torch``, so it overlaps the coordinator calls and p2pd's start)."""
         await asyncio.to_thread(parts.wait_torch, 300.0)
-        from distronet.node.backends import pick_backend
+        from distronet.node.backends import pick_backend  # imports torch: loaded by now
 
         try:
             return pick_backend(self.cfg.train.device)
         except ConfigError as e:
             raise NodeError(str(e), ExitCode.USAGE) from e
 
-    def _batches(self, spec: ModelSpec) -> BatchSource:
-        """The trainer's batch source: the leased shard's ``batch`` windows a step, or — when the
-        run sets ``global_batch`` — this node's share of it among the last applied round's
-        accepted peers (the same set on every replica), so survivors take over a dead peer's."""
-        if not spec.global_batch:
-            return self.feed
+    async def _assemble(
+        self,
+        spec: ModelSpec,
+        dcfg: DistroConfig,
+        backend: ComputeBackend,
+        identity: Identity,
+        joined: JoinResult,
+        maddrs: list[str],
+        run_has_peers: bool,
+    ) -> LoopParts:
+        """The training half (``training.py``), catch-up, shards, /metrics: the loops' parts."""
+        from distronet.node.daemon import training  # imports torch: loaded by now (_backend)
 
-        def live() -> tuple[Sequence[bytes], bytes]:
-            reports = self.optimizer.reports
-            return (reports[-1].accepted if reports else ()), self.identity.peer_id
-
-        return SharedFeed(self.feed.draw, spec.global_batch, live)
-
-    def _build_training(self, spec: ModelSpec, dcfg: Any) -> None:
-        cfg = self.cfg
-        import torch
-
-        from distronet.node.catchup.state import state_blob
-        from distronet.node.daemon.checkpoint import load_checkpoint
-        from distronet.node.daemon.trainer import Trainer
-        from distronet.node.models.build import build_model
-        from distronet.node.optim.distro import DistroOptimizer
-
-        if cfg.train.threads:
-            torch.set_num_threads(cfg.train.threads)
-        assert self.core is not None
-        model = build_model(spec, self.backend.device)
-        self.exchange = SwarmExchange(self.core, asyncio.get_running_loop())
-        self.optimizer = DistroOptimizer(model.named_parameters(), dcfg, self.exchange, self.identity)
-        self.feed = parts.ShardFeed(
-            spec.seed, parts.peer_index(self.identity.peer_id), spec.batch, spec.seq_len
-        )
-        self.dcfg = dcfg
-        self.trainer = Trainer(model, self.optimizer, self._batches(spec), self.backend)
-        self.status.device = self.backend.name
-        self.metrics.device.labels(self.backend.name).set(1)
-        log.info("computing on %s", self.backend.describe())
-        self.step = 0
-        self.ckpt_path = cfg.data_path / "checkpoint.pt"
-        ckpt = load_checkpoint(self.ckpt_path, run_id=cfg.run_id)
-        if ckpt is not None:
-            model.load_state_dict(ckpt.model)
-            self.optimizer.load_state_dict(ckpt.optimizer)
-            self.optimizer.resume_at(ckpt.step)
-            self.step = ckpt.step
-            log.info("resumed from %s at step %d", self.ckpt_path, ckpt.step)
-        assert self.donor is not None
+        cfg, status, status_file, metrics = self.cfg, self.status, self.status_file, self.metrics
+        assert self.client and self.swarm and self.core and self.donor and self.board
+        assert status is not None and status_file is not None
+        status.device = backend.name
+        metrics.device.labels(backend.name).set(1)
+        log.info("computing on %s", backend.describe())
+        built = training.build_training(cfg, spec, dcfg, backend, self.core, identity)
+        replica = built.replica
         # The starting state is offered now (a peer that starts beside us must see step 0, not
         # the state after our first step); later ones are snapshotted when a peer asks.
-        self.donor.offer(self.step, state_blob(self.step, model, self.optimizer))
-        self.donor.serve_from(lambda: self.step, self.snapshot_state)
-        up, down = self.swarm.bandwidth.up.rate, self.swarm.bandwidth.down.rate  # type: ignore[union-attr]
-        self.status.up_budget, self.status.down_budget = up, down
-        self.metrics.set_budget(up, down)
+        self.donor.offer(*await replica.snapshot())
+        self.donor.serve_from(lambda: replica.step, replica.snapshot)
+        up, down = self.swarm.bandwidth.up.rate, self.swarm.bandwidth.down.rate
+        status.up_budget, status.down_budget = up, down
+        metrics.set_budget(up, down)
         if cfg.observe.metrics_port:
-            self.metrics.serve(cfg.observe.metrics_host, cfg.observe.metrics_port)
+            metrics.serve(cfg.observe.metrics_host, cfg.observe.metrics_port)
+        catchup = CatchUp(
+            self.swarm, self.core, self.donor, self.board, replica, status,
+            count_drift=lambda result: metrics.drift.labels(result).inc(), stop=self.stop_requested,
+        )  # fmt: skip
+        dtype = self.run_info["data"]["dtype"]
+        shards = Shards(self.client, cfg.coordinator, cfg.data_path / "shards", dtype, built.feed, status)
+        return LoopParts(
+            cfg=cfg, identity=identity, client=self.client, swarm=self.swarm, core=self.core,
+            trainer=built.trainer, replica=replica, catchup=catchup, shards=shards, status=status,
+            status_file=status_file, metrics=metrics,
+            checkpoint=functools.partial(training.save, built, cfg.run_id), stop=self.stop_requested,
+            maddrs=maddrs, heartbeat_s=float(joined.heartbeat_interval_s), run_has_peers=run_has_peers,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ run
 
@@ -310,20 +293,15 @@ class Node:
         since = 0.0 if self.stop_at is None else time.monotonic() - self.stop_at
         return max(MIN_WIND_DOWN_S, self.cfg.shutdown_timeout_s - CLOSE_BUDGET_S) - since
 
-    def _set_stage(self, stage: str) -> None:
-        self.stage = stage
-        log.info("shutdown: %s", stage)
-
     async def run(self) -> ExitCode:
         """Wait for peers, lease, train until stopped or ``max_steps``/``max_seconds``; ``ExitCode.OK``.
 
         Raises ``NodeError`` when the run cannot go on (no peers in time, no shard, ...).
         """
-        from distronet.node.daemon import loops as node_loop
-
-        self._tasks.append(asyncio.create_task(node_loop.heartbeats(self), name="heartbeats"))
-        self._tasks.append(asyncio.create_task(node_loop.watch_links(self), name="gossip links"))
-        body = asyncio.ensure_future(self._run_body())
+        assert self.parts is not None, "run() needs a node built by Node.create"
+        self._tasks.append(asyncio.create_task(loops.heartbeats(self.parts), name="heartbeats"))
+        self._tasks.append(asyncio.create_task(loops.watch_links(self.parts), name="gossip links"))
+        body = asyncio.ensure_future(self._run_body(self.parts))
         stop = asyncio.ensure_future(self.stop_requested.wait())
         try:
             await asyncio.wait({body, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -331,18 +309,7 @@ class Node:
                 self.stage = "finishing the step in flight"
                 done, _ = await asyncio.wait({body}, timeout=max(0.0, self.wind_down_s()))
                 if not done:
-                    log.warning(
-                        "shutdown: the run did not wind down within %.0f s of the stop request "
-                        "(%s): abandoned",
-                        max(MIN_WIND_DOWN_S, self.cfg.shutdown_timeout_s - CLOSE_BUDGET_S),
-                        self.stage,
-                    )
-                    log.warning("shutdown: the run was here when abandoned:\n%s", parts.awaiting(body))
-                    self.abandoned = True  # a worker thread may still be inside the step
-                    body.cancel()
-                    await asyncio.wait({body}, timeout=1.0)
-                    if self.state is not NodeState.STOPPING:
-                        self._to(NodeState.STOPPING)
+                    await self._abandon(body)
                     return ExitCode.OK
             return body.result()
         finally:
@@ -350,182 +317,38 @@ class Node:
             if not body.done():
                 body.cancel()
 
-    async def _run_body(self) -> ExitCode:
-        from distronet.node.daemon import loops as node_loop
+    async def _abandon(self, body: asyncio.Future[ExitCode]) -> None:
+        """The run did not wind down in time: log where it was stuck, cancel it."""
+        log.warning(
+            "shutdown: the run did not wind down within %.0f s of the stop request (%s): abandoned",
+            max(MIN_WIND_DOWN_S, self.cfg.shutdown_timeout_s - CLOSE_BUDGET_S),
+            self.stage,
+        )
+        log.warning("shutdown: the run was here when abandoned:\n%s", parts.awaiting(body))
+        self.abandoned = True  # a worker thread may still be inside the step
+        body.cancel()
+        await asyncio.wait({body}, timeout=1.0)
+        if self.state is not NodeState.STOPPING:
+            self._to(NodeState.STOPPING)
 
+    async def _run_body(self, lp: LoopParts) -> ExitCode:
         try:
             self.stage = "waiting for peers"
-            await node_loop.wait_for_peers(self)
-            log.info("%d peer(s) in the mesh", self.status.peers)
+            await loops.wait_for_peers(lp)
+            log.info("%d peer(s) in the mesh", lp.status.peers)
             if self.stop_requested.is_set():
                 self._to(NodeState.STOPPING)
                 return ExitCode.OK
-            if self.status.peers:  # a newcomer to a running swarm starts from its current state
+            if lp.status.peers:  # a newcomer to a running swarm starts from its current state
                 self.stage = "catching up"
-                await self._first_catch_up(timeout=30.0)
+                await lp.catchup.join(timeout=FIRST_CATCH_UP_S)
             self._to(NodeState.TRAINING)
             self.stage = "training"
-            await node_loop.train(self)
+            await loops.train(lp)
         finally:
             if self.state is not NodeState.STOPPING:
                 self._to(NodeState.STOPPING)
         return ExitCode.OK
-
-    async def live_peers(self) -> int:
-        """Other nodes in both of our gossip topics (0 when the swarm is gone)."""
-        if self.swarm is None or not self.swarm.host.alive:
-            return 0
-        a = set(await self.swarm.gossip.topic_peers(self.swarm.topic))
-        b = set(await self.swarm.gossip.topic_peers(manifest_topic(self.cfg.run_id)))
-        return len(a & b)
-
-    async def next_shard(self) -> None:
-        """Complete the current lease (if any) and switch to the next shard, fetched one ahead
-        (``node/data/shard_supply.py``: a boundary never waits for a slow coordinator).
-
-        Keeps training on the old shard when no new one is here yet (it is completed only once:
-        the report is queued while the coordinator is down and replayed later). Raises
-        ``NodeError`` when there is no shard at all, and a failed first download.
-        """
-        assert self.client is not None
-        if self.supply is None:
-            self.supply = ShardSupply(
-                self.client,
-                self.cfg.coordinator,
-                self.cfg.data_path / "shards",
-                self.run_info["data"]["dtype"],
-                on_completed=self._credited,
-            )
-        old = self.feed.lease
-        try:
-            got = await self.supply.next(old)
-        except asyncio.TimeoutError:
-            raise NodeError(f"shard download: no answer within {DOWNLOAD_S:.0f} s") from None
-        if got is None:
-            if old is None:
-                raise NodeError("the coordinator has no shard to lease to this node", ExitCode.REJECTED)
-            self.feed.switch(old, self._tokens, self.step)  # read the old shard again
-            return
-        lease, self._tokens = got
-        self.feed.switch(lease, self._tokens, self.step)
-        self.status.shard = lease.shard_id
-
-    def _credited(self, lease: Lease) -> None:
-        self.status.shards_done += 1
-        self.status.completed_units.append(lease.unit)
-
-    async def _first_catch_up(self, timeout: float) -> None:
-        """Adopt the swarm's state before the first step; try again (within ``timeout``) while
-        fetching fails (a donor moved on mid-download), not when the swarm has nothing newer."""
-        end = time.monotonic() + timeout
-        while not await self.catch_up(
-            newer_than=self.step, timeout=max(1.0, end - time.monotonic()), joining=True
-        ):
-            if not self.catch_up_failed or time.monotonic() >= end or self.stop_requested.is_set():
-                return
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.stop_requested.wait(), 0.3)
-
-    async def catch_up(
-        self,
-        *,
-        newer_than: int,
-        timeout: float,
-        donors: Sequence[PeerID] | None = None,
-        joining: bool = False,
-    ) -> bool:
-        """Adopt the newest state the peers agree on if its step is > ``newer_than``; True if adopted.
-
-        ``donors``: fetch only from these peers (the drift check's winning group: our state
-        differs, so no replay); default: every peer on the run's topic, and a node a few rounds
-        behind replays them instead (``node/catchup/replay.py``; ``joining``: a swarm at most one step
-        ahead is in step with us, nothing is downloaded). A downloaded state restarts momentum at
-        zero (ARCHITECTURE.md §5). Raises nothing for a swarm that has no newer state;
-        ``ExchangeError``-free: the exchange is reused as it is.
-        """
-        assert self.swarm is not None
-        self.catch_up_failed = False
-        replay = donors is None
-        if donors is None:
-            donors = list(set(await self.swarm.gossip.topic_peers(self.swarm.topic)))
-        if not donors:
-            return False
-        peers = [p.to_bytes() for p in donors]
-        if replay and self.core is not None:
-            replayed = await replay_node(self, peers, min(timeout, 20.0), verify_steps=VERIFY_STEPS)
-            if replayed or (replayed is False and joining):
-                return bool(replayed)
-            newer_than = max(newer_than, self.step)  # rounds replayed before it stopped count
-        try:
-            manifest, blob = await fetch_state(
-                self.swarm,
-                donors,
-                timeout=timeout,
-                per_donor=2,
-                progress=parts.DownloadProgress("state"),
-                newer_than=newer_than,
-            )
-        except NoNewerState:
-            return False
-        except (SwarmError, asyncio.TimeoutError) as e:
-            log.info("no state to catch up from: %s", e)
-            self.catch_up_failed = True
-            return False
-        if manifest.step <= newer_than:
-            return False
-        from distronet.node.catchup.state import load_state_blob
-        from distronet.node.optim.distro import DistroOptimizer
-
-        model = self.trainer.model
-        fresh = DistroOptimizer(model.named_parameters(), self.dcfg, self.exchange, self.identity)
-        async with self.model_lock:  # no state snapshot of a half-loaded model
-            try:
-                step = await asyncio.to_thread(load_state_blob, blob, model, fresh)
-            except ConfigError as e:
-                log.warning("a peer's state does not fit this run's model: %s", e)
-                self.catch_up_failed = True
-                return False
-            self.optimizer = fresh
-            self.optimizer.resume_at(step)
-            self.trainer.optimizer = self.optimizer
-            log.info("caught up: adopted the swarm's state at step %d (was at %d)", step, self.step)
-            self.step = step
-        if self.donor is not None:
-            self.donor.offer(step, blob)
-        if replay and self.core is not None:  # the swarm moved on during the download
-            await replay_node(self, peers, 10.0, verify_steps=VERIFY_STEPS)
-        self.status.resyncs += 1
-        self.status.resync_steps.append(self.step)  # where it resumes, with momentum at zero
-        self.verify_until = self.step + VERIFY_STEPS
-        if self.core is not None:  # zero momentum: our next packets are masked warm-up packets
-            self.status.warmup_until = self.core.start_warmup(self.step)
-        return True
-
-    async def snapshot_state(self) -> tuple[int, bytes]:
-        """``(step, state blob)`` of the next step boundary (now, if no step is running): what the
-        donor serves on request. Copies params + replicated optimizer state once (~10 ms for the
-        default model, in a worker thread); the next step waits for that copy."""
-        from distronet.node.catchup.state import state_blob
-
-        async with self.model_lock:
-            step = self.step
-            return step, await asyncio.to_thread(state_blob, step, self.trainer.model, self.optimizer)
-
-    def checkpoint(self) -> None:
-        """Save model + optimizer at ``self.step`` (the next step to run). Runs on the caller's thread."""
-        from distronet.node.daemon.checkpoint import Checkpoint, save_checkpoint
-
-        model = self.trainer.model
-        save_checkpoint(
-            self.ckpt_path,
-            Checkpoint(
-                self.cfg.run_id,
-                self.step,
-                self.trainer.digest(),
-                model.state_dict(),
-                self.optimizer.state_dict(),
-            ),
-        )
 
     # ------------------------------------------------------------------ close
 
@@ -543,8 +366,8 @@ class Node:
         for task in self._tasks:
             task.cancel()
         waits: list[asyncio.Future[Any]] = list(self._tasks)
-        if self.supply is not None:  # the shard ahead stops; a completion report gets sent or queued
-            waits.append(asyncio.ensure_future(self.supply.close()))
+        if self.parts is not None:  # the shard ahead stops; a completion report gets sent or queued
+            waits.append(asyncio.ensure_future(self.parts.shards.close()))
         if waits:
             await asyncio.wait(waits, timeout=CLOSE_CAPS_S["background tasks"])
         if self.client is not None:
@@ -562,9 +385,13 @@ class Node:
         self._set_stage("closed")
         self.metrics.close()
         self._to(NodeState.CLOSED)
-        if hasattr(self, "status"):
+        if self.status is not None and self.status_file is not None:
             with contextlib.suppress(OSError):
                 self.status_file.write(self.status)
+
+    def _set_stage(self, stage: str) -> None:
+        self.stage = stage
+        log.info("shutdown: %s", stage)
 
     async def _capped(self, stage: str, aw: Awaitable[Any]) -> bool:
         """Run one stage of ``close`` for at most ``CLOSE_CAPS_S[stage]``; True if it finished
@@ -579,10 +406,3 @@ class Node:
         except Exception as e:  # close never raises; what failed is logged
             log.info("shutdown: %s failed: %r", stage, e)
         return True
-
-    @property
-    def loss(self) -> float:
-        return self.status.loss if hasattr(self, "status") else math.nan
-
-    def uptime(self, since: float) -> float:
-        return time.monotonic() - since

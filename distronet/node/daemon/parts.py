@@ -41,7 +41,6 @@ from distronet.protocol.errors import ConfigError
 from distronet.protocol.identity import Identity
 
 __all__ = [
-    "DownloadProgress",
     "ShardFeed",
     "awaiting",
     "exchange_config",
@@ -152,7 +151,7 @@ def no_dynamo_for_optimizers() -> None:
     its own function as the "disabled" version, which the wrapper caches and calls from then on.
     Idempotent; a torch without these wrappers is left as it is.
     """
-    import torch
+    import torch  # this module loads before torch does (preload_torch imports it in a thread)
 
     for name in ("add_param_group", "zero_grad", "state_dict", "load_state_dict"):
         fn = getattr(getattr(torch.optim.Optimizer, name, None), "__wrapped__", None)
@@ -240,7 +239,7 @@ def wait_decoder_warm(timeout: float) -> bool:
 
 def _preload_torch() -> None:
     try:
-        import torch  # noqa: F401
+        import torch  # noqa: F401  (the import is the point: ~1-2 CPU-s, in this thread)
 
         no_dynamo_for_optimizers()
     except Exception as e:  # the node's own import of torch then raises it where it is used
@@ -315,16 +314,3 @@ def awaiting(task: asyncio.Future[Any]) -> str:
             frames.append(traceback.FrameSummary(code.co_filename, frame.f_lineno, code.co_name))
         aw = getattr(aw, "cr_await", None) or getattr(aw, "gi_yieldfrom", None)
     return "".join(traceback.format_list(frames)) or f"{task!r}\n"
-
-
-class DownloadProgress:
-    """Logs a long download's progress at every further 10 % (the owner sees it is moving)."""
-
-    def __init__(self, what: str) -> None:
-        self.what, self.shown = what, -1
-
-    def __call__(self, done: int, total: int) -> None:
-        tenth = 10 * done // max(total, 1)
-        if tenth > self.shown and total >= 4 * 2**20:
-            self.shown = tenth
-            log.info("%s download: %d%% of %.1f MB", self.what, 10 * tenth, total / 1e6)

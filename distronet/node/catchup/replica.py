@@ -1,0 +1,86 @@
+"""What catch-up shares with the daemon: the replica it moves or replaces, and the counters it keeps.
+
+The daemon's training loop advances a :class:`Replica` one step at a time; catch-up
+(``resync.py``) moves it forward by replaying rounds or replaces its state with one adopted from
+peers. Both hold ``Replica.lock`` while they change the model, and a state snapshot for a peer
+waits for it, so no peer is served a half-updated model. The counters catch-up writes are
+:class:`CatchUpStatus`'s (the daemon's ``NodeStatus`` has them all).
+
+Imports no torch at run time: the daemon builds a ``Replica`` once torch has loaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:  # types only: these import torch, which the daemon loads in the background
+    import torch
+    from torch import nn
+
+    from distronet.node.optim.distro import DistroOptimizer
+
+__all__ = ["CatchUpStatus", "Replica", "Trains"]
+
+
+class Trains(Protocol):
+    """What catch-up touches of the trainer (``daemon.trainer.Trainer``): its model, and the
+    optimizer it steps (replaced when a state is adopted)."""
+
+    @property
+    def model(self) -> nn.Module: ...
+
+    optimizer: torch.optim.Optimizer
+
+
+class CatchUpStatus(Protocol):
+    """The status counters catch-up keeps (fields of the daemon's ``NodeStatus``)."""
+
+    resyncs: int  # times this replica adopted the swarm's state or replayed up to it
+    resync_steps: list[int]  # steps resumed from a downloaded state, with momentum at zero
+    replayed_rounds: int
+    fell_behind: int  # failed rounds that found this replica behind the swarm
+    warmup_until: int  # our packets for steps below this are masked warm-up packets
+    drift_equal: int  # drift checks that found our parameters equal to the peers'
+    drift_differs: int  # drift checks that made us adopt the peers' state
+
+
+@dataclass
+class Replica:
+    """This node's copy of the model and its optimizer, at ``step`` (the next step to run).
+
+    ``fresh_optimizer()`` makes an optimizer with no state over the same model and exchange:
+    what an adopted state is loaded into (its momentum restarts at zero). ``verify_until``:
+    after catching up, the drift check runs at every step up to this one (``drift.py``).
+    """
+
+    trainer: Trains
+    optimizer: DistroOptimizer
+    fresh_optimizer: Callable[[], DistroOptimizer]
+    step: int = 0
+    verify_until: int = -1
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # held while the model changes
+
+    @property
+    def model(self) -> nn.Module:
+        return self.trainer.model
+
+    def use(self, optimizer: DistroOptimizer, step: int) -> None:
+        """Train on from ``step`` with ``optimizer`` (one a state was loaded into). Call with
+        ``lock`` held."""
+        optimizer.resume_at(step)
+        self.optimizer = optimizer
+        self.trainer.optimizer = optimizer
+        self.step = step
+
+    async def snapshot(self) -> tuple[int, bytes]:
+        """``(step, state blob)`` of the next step boundary (now, if no step is running): what the
+        state donor serves on request. Copies params + replicated optimizer state once (~10 ms
+        for the default model, in a worker thread); the next step waits for that copy."""
+        from distronet.node.catchup.state import state_blob  # imports torch (loaded by now)
+
+        async with self.lock:
+            step = self.step
+            return step, await asyncio.to_thread(state_blob, step, self.model, self.optimizer)

@@ -1,0 +1,251 @@
+"""Catch-up in one place: when a node replays rounds, fetches the swarm's state, or repairs drift.
+
+The whole flow (each box names the module that does it)::
+
+    a newcomer to a running swarm        a failed round (ExchangeError;       a drift check found our
+    (before its first step)              FellBehind: paused or cut off)      digest outvoted (drift.py)
+         CatchUp.join                     CatchUp.after_failed_round          CatchUp.after_step
+              │                                    │                                  │
+              └──────────────┬─────────────────────┘                                  │
+                             ▼                                                        │
+      CatchUp.catch_up: replay the rounds the swarm decided (replay.py:               │
+      manifest_ask asks each peer its step, the exchange's replay pulls each          │
+      round's accepted frames, DistroOptimizer.apply_replayed applies them)           │
+        ├── reached the swarm's step: done, momentum intact (no warm-up)              │
+        ├── joining and the swarm at most one step ahead: in step, nothing to do      │
+        └── no peer answered, the swarm too far ahead (retention), a round gone       │
+                             ▼                                                        ▼
+      fetch the newest state the donors agree on (statesync.fetch_state), load it into a
+      fresh optimizer (state.load_state_blob: momentum restarts at zero), offer it as a
+      donor in turn (statesync.StateDonor)          [drift: from the winners only, no replay]
+                             ▼
+      replay again (the swarm moved on during the download); mask our next packets
+      (exchange warm-up); drift-check every step up to ``Replica.verify_until`` (drift.py)
+
+Every peer serves its own state on request (``statesync.StateDonor.serve_from`` with
+``Replica.snapshot``) and answers digest questions (``digests.DigestBoard``, fed by
+:meth:`CatchUp.after_step`). A newcomer tries again while fetching fails (a donor moved on
+mid-download), not when the swarm has nothing newer; a node whose round failed tries until
+``shutdown_timeout_s`` runs out, then raises :class:`CatchUpError`.
+
+Errors::
+
+    DistroError
+    └── CatchUpError    no peer offered a newer state to resync from in time
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+
+from distronet.node.catchup.digests import DigestBoard
+from distronet.node.catchup.drift import DriftCount, DriftWatch
+from distronet.node.catchup.replay import replay_rounds
+from distronet.node.catchup.replica import CatchUpStatus, Replica
+from distronet.node.catchup.statesync import NoNewerState, StateDonor, fetch_state
+from distronet.node.exchange.swarm import AsyncSwarmExchange, FellBehind
+from distronet.node.swarm.errors import SwarmError
+from distronet.node.swarm.hivemind_shim import PeerID
+from distronet.node.swarm.stack import Swarm
+from distronet.protocol.errors import ConfigError, DistroError
+
+__all__ = ["VERIFY_STEPS", "CatchUp", "CatchUpError", "DownloadProgress"]
+
+log = logging.getLogger(__name__)
+VERIFY_STEPS = 3  # a node that caught up checks its hash against peers this many steps
+REPLAY_S = 20.0  # at most this long replaying before a download
+REPLAY_AFTER_S = 10.0  # replaying what the swarm decided during a download
+DRIFT_ADOPT_S = 30.0  # fetching the drift check's winning state
+
+
+class CatchUpError(DistroError):
+    """No peer offered a newer state to resync from in time: the node cannot go on."""
+
+
+class DownloadProgress:
+    """Logs a long download's progress at every further 10 % (the owner sees it is moving)."""
+
+    def __init__(self, what: str) -> None:
+        self.what, self.shown = what, -1
+
+    def __call__(self, done: int, total: int) -> None:
+        tenth = 10 * done // max(total, 1)
+        if tenth > self.shown and total >= 4 * 2**20:
+            self.shown = tenth
+            log.info("%s download: %d%% of %.1f MB", self.what, 10 * tenth, total / 1e6)
+
+
+class CatchUp:
+    """A node's catch-up (module doc) over its swarm, exchange, state donor and digest board.
+
+    ``stop`` is the node's stop request: the retries give up once it is set. ``count_drift``
+    counts each drift check's verdict (``drift.DriftCount``). ``failed``: the last
+    :meth:`catch_up` could not fetch or load a peer's state (a reason to try again).
+    """
+
+    def __init__(
+        self,
+        swarm: Swarm,
+        core: AsyncSwarmExchange,
+        donor: StateDonor,
+        board: DigestBoard,
+        replica: Replica,
+        status: CatchUpStatus,
+        *,
+        count_drift: DriftCount,
+        stop: asyncio.Event,
+    ) -> None:
+        self.swarm, self.core, self.donor, self.board = swarm, core, donor, board
+        self.replica, self.status, self.stop = replica, status, stop
+        self.drift = DriftWatch(swarm, board, status, count_drift)
+        self.failed = False
+
+    async def join(self, timeout: float) -> None:
+        """Adopt the swarm's state before the first step; try again (within ``timeout``) while
+        fetching fails, not when the swarm has nothing newer or we are in step with it."""
+        end = time.monotonic() + timeout
+        while not await self.catch_up(
+            newer_than=self.replica.step, timeout=max(1.0, end - time.monotonic()), joining=True
+        ):
+            if not self.failed or time.monotonic() >= end or self.stop.is_set():
+                return
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), 0.3)
+
+    async def after_failed_round(self, err: Exception, timeout: float) -> None:
+        """After a failed round our parameters may differ from the swarm's: adopt its newer state,
+        trying for up to ``timeout`` seconds (until a stop request). Raises ``CatchUpError``
+        when none came."""
+        if isinstance(err, FellBehind):
+            self.status.fell_behind += 1
+        step = self.replica.step
+        log.warning("step %d failed in the exchange (%s); resyncing from peers", step, err)
+        end = time.monotonic() + timeout
+        while time.monotonic() < end and not self.stop.is_set():
+            if await self.catch_up(newer_than=self.replica.step, timeout=max(1.0, end - time.monotonic())):
+                return
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), 0.5)
+        if not self.stop.is_set():
+            raise CatchUpError(
+                f"step {self.replica.step} failed and no peer offered a newer state to resync from"
+            )
+
+    async def after_step(self, step: int, digest: str, drift_every: int) -> None:
+        """At the boundary after step ``step`` (parameter digest ``digest``, hex): serve the digest
+        to the peers' drift checks; adopt the state a finished check of ours says to (its
+        winners: a newcomer's first packets race rounds the others may have decided already,
+        and the exchange can then hand it another accepted set); start the next check when one
+        is due (every step up to ``verify_until``, and every ``drift_every`` steps)."""
+        self.board.record(step, bytes.fromhex(digest))
+        donors = self.drift.drifted()
+        if donors and not self.stop.is_set():
+            with contextlib.suppress(Exception):  # a failed repair leaves the next check to try again
+                await self.catch_up(newer_than=self.replica.step - 1, timeout=DRIFT_ADOPT_S, donors=donors)
+        now = self.replica.step
+        if now <= self.replica.verify_until or (drift_every and now % drift_every == 0):
+            self.drift.start(now - 1)
+
+    async def catch_up(
+        self,
+        *,
+        newer_than: int,
+        timeout: float,
+        donors: Sequence[PeerID] | None = None,
+        joining: bool = False,
+    ) -> bool:
+        """Adopt the newest state the peers agree on if its step is > ``newer_than``; True if the
+        replica moved (adopted, or replayed up to the swarm's step).
+
+        ``donors``: fetch only from these peers (the drift check's winning group: our state
+        differs, so no replay); default: every peer on the run's topic, and a node a few rounds
+        behind replays them instead (``joining``: a swarm at most one step ahead is in step with
+        us, nothing is downloaded). A downloaded state restarts momentum at zero
+        (ARCHITECTURE.md §5). Raises nothing for a swarm that has no newer state; the exchange
+        is reused as it is.
+        """
+        self.failed = False
+        replay = donors is None
+        if donors is None:
+            donors = list(set(await self.swarm.gossip.topic_peers(self.swarm.topic)))
+        if not donors:
+            return False
+        peers = [p.to_bytes() for p in donors]
+        if replay:
+            replayed = await self._replay(peers, min(timeout, REPLAY_S))
+            if replayed or (replayed is False and joining):
+                return bool(replayed)
+            newer_than = max(newer_than, self.replica.step)  # rounds replayed before it stopped count
+        blob = await self._fetch(donors, newer_than, timeout)
+        if blob is None or not await self._adopt(blob):
+            return False
+        if replay:  # the swarm moved on during the download
+            await self._replay(peers, REPLAY_AFTER_S)
+        self.status.resyncs += 1
+        self.status.resync_steps.append(self.replica.step)  # where it resumes, with momentum at zero
+        self.replica.verify_until = self.replica.step + VERIFY_STEPS
+        # zero momentum: our next packets are masked warm-up packets
+        self.status.warmup_until = self.core.start_warmup(self.replica.step)
+        return True
+
+    async def _replay(self, peers: list[bytes], timeout: float) -> bool | None:
+        """Replay (``replay.py``): True when rounds were replayed up to the swarm's step (counted
+        in ``status.resyncs``, so a drift check begun before it is void; the replica's hash is
+        checked against peers for ``VERIFY_STEPS`` steps), False when the swarm is at most one
+        step past ours (we are in step: nothing to replay or download), None when a state must
+        be downloaded instead (``replica.step`` has moved if some rounds were replayed first)."""
+        was = self.replica.step
+        got = await replay_rounds(self.replica, self.core, peers, timeout)
+        if got is None:
+            return None
+        if not got.rounds:
+            return False if got.tip and got.swarm_step <= was + 1 else None
+        log.info("%s: replayed rounds %d-%d the swarm decided, now at step %d (was at %d)",
+                 "caught up" if got.tip else "partly caught up", got.first, got.first + got.rounds - 1,
+                 self.replica.step, was)  # fmt: skip
+        self.status.resyncs += 1
+        self.status.replayed_rounds += got.rounds
+        self.replica.verify_until = self.replica.step + VERIFY_STEPS
+        return True if got.tip else None
+
+    async def _fetch(self, donors: Sequence[PeerID], newer_than: int, timeout: float) -> bytes | None:
+        """The state blob of the newest step > ``newer_than`` the donors agree on, or None (none
+        newer; or none could be fetched: ``failed``)."""
+        try:
+            manifest, blob = await fetch_state(
+                self.swarm,
+                donors,
+                timeout=timeout,
+                per_donor=2,
+                progress=DownloadProgress("state"),
+                newer_than=newer_than,
+            )
+        except NoNewerState:
+            return None
+        except (SwarmError, asyncio.TimeoutError) as e:
+            log.info("no state to catch up from: %s", e)
+            self.failed = True
+            return None
+        return blob if manifest.step > newer_than else None
+
+    async def _adopt(self, blob: bytes) -> bool:
+        """Load ``blob`` into a fresh optimizer and train on from its step, then offer it to
+        other peers; False (``failed``) when it does not fit this run's model."""
+        from distronet.node.catchup.state import load_state_blob  # imports torch (loaded by now)
+
+        fresh = self.replica.fresh_optimizer()
+        async with self.replica.lock:  # no state snapshot of a half-loaded model
+            try:
+                step = await asyncio.to_thread(load_state_blob, blob, self.replica.model, fresh)
+            except ConfigError as e:
+                log.warning("a peer's state does not fit this run's model: %s", e)
+                self.failed = True
+                return False
+            log.info("caught up: adopted the swarm's state at step %d (was at %d)", step, self.replica.step)
+            self.replica.use(fresh, step)
+        self.donor.offer(step, blob)
+        return True

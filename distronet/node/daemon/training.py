@@ -1,0 +1,107 @@
+"""The training half of a node: model, ``DistroOptimizer`` over the exchange, trainer, resumed from
+the local checkpoint (:func:`build_training`); and saving that checkpoint (:func:`save`).
+
+Imports torch: the daemon imports this module only once torch has loaded
+(``parts.preload_torch``), so that the node connects to the coordinator and starts p2pd meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from distronet.node.backends import ComputeBackend
+from distronet.node.catchup.replica import Replica
+from distronet.node.config import NodeConfig
+from distronet.node.daemon.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from distronet.node.daemon.parts import ShardFeed, peer_index
+from distronet.node.daemon.trainer import BatchSource, Trainer
+from distronet.node.data.batch_share import SharedFeed
+from distronet.node.exchange.swarm import AsyncSwarmExchange
+from distronet.node.exchange.sync import SwarmExchange
+from distronet.node.models.build import build_model
+from distronet.node.models.spec import ModelSpec
+from distronet.node.optim.config import DistroConfig
+from distronet.node.optim.distro import DistroOptimizer
+from distronet.protocol.identity import Identity
+
+__all__ = ["CHECKPOINT_FILE", "Training", "build_training", "save"]
+
+log = logging.getLogger(__name__)
+CHECKPOINT_FILE = "checkpoint.pt"  # in the data dir
+
+
+@dataclass(frozen=True)
+class Training:
+    """What :func:`build_training` made: the trainer, the replica it advances (the same model and
+    optimizer) and the feed of the leased shard's batches (empty until a shard is leased)."""
+
+    trainer: Trainer
+    replica: Replica
+    feed: ShardFeed
+    checkpoint_path: Path
+
+
+def build_training(
+    cfg: NodeConfig,
+    spec: ModelSpec,
+    dcfg: DistroConfig,
+    backend: ComputeBackend,
+    core: AsyncSwarmExchange,
+    identity: Identity,
+) -> Training:
+    """Build the model on ``backend``, its optimizer over ``core`` and the trainer, at step 0 or
+    at the local checkpoint's step (``data_dir/checkpoint.pt``, when it is of this run). Runs
+    on the event loop's thread (the exchange's sync face is bound to the running loop). Raises
+    ``CheckpointError`` for an unreadable checkpoint or one of another run."""
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    model = build_model(spec, backend.device)
+    exchange = SwarmExchange(core, asyncio.get_running_loop())
+
+    def fresh_optimizer() -> DistroOptimizer:
+        return DistroOptimizer(model.named_parameters(), dcfg, exchange, identity)
+
+    optimizer = fresh_optimizer()
+    feed = ShardFeed(spec.seed, peer_index(identity.peer_id), spec.batch, spec.seq_len)
+
+    def live() -> tuple[Sequence[bytes], bytes]:  # the last applied round's accepted peers, and us
+        reports = replica.optimizer.reports  # the replica's optimizer of now (catch-up replaces it)
+        return (reports[-1].accepted if reports else ()), identity.peer_id
+
+    # the leased shard's ``batch`` windows a step, or, when the run sets ``global_batch``, this
+    # node's share of it among those peers (the same set on every replica), so survivors take
+    # over a dead peer's
+    batches: BatchSource = SharedFeed(feed.draw, spec.global_batch, live) if spec.global_batch else feed
+    trainer = Trainer(model, optimizer, batches, backend)
+    replica = Replica(trainer, optimizer, fresh_optimizer)
+    path = cfg.data_path / CHECKPOINT_FILE
+    ckpt = load_checkpoint(path, run_id=cfg.run_id)
+    if ckpt is not None:
+        model.load_state_dict(ckpt.model)
+        optimizer.load_state_dict(ckpt.optimizer)
+        optimizer.resume_at(ckpt.step)
+        replica.step = ckpt.step
+        log.info("resumed from %s at step %d", path, ckpt.step)
+    return Training(trainer, replica, feed, path)
+
+
+def save(training: Training, run_id: str) -> None:
+    """Save model + optimizer at the replica's step (the next step to run) to its checkpoint
+    path (atomically). Runs on the caller's thread: call it in a worker thread."""
+    trainer, replica = training.trainer, training.replica
+    save_checkpoint(
+        training.checkpoint_path,
+        Checkpoint(
+            run_id,
+            replica.step,
+            trainer.digest(),
+            trainer.model.state_dict(),
+            replica.optimizer.state_dict(),
+        ),
+    )

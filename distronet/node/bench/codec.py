@@ -52,7 +52,13 @@ def _table(rows: list[dict[str, object]]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the benchmark; print a table (or JSON with ``--json``). Exit code per ExitCode."""
+    """Run the benchmark; print a table (or JSON with ``--json``). Exit code per ExitCode.
+
+    torch's OpenMP workers get a node's ``train.omp_spincount`` (unless the environment sets
+    ``GOMP_SPINCOUNT``), so the figures are those of a node's decode."""
+    from distronet.node.config import TrainConfig
+
+    os.environ.setdefault("GOMP_SPINCOUNT", str(TrainConfig().omp_spincount))  # before torch loads
     import torch
 
     from distronet.kernels.coding import IndexCoding, ValueCoding

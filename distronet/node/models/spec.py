@@ -1,7 +1,7 @@
 """The run's model as the coordinator hands it out: :class:`GPTConfig` and :class:`ModelSpec`.
 
 Import-light on purpose (no torch): a node checks the run's model table before it joins the
-run and starts p2pd, while torch still loads in a background thread (``node_parts.preload_torch``).
+run and starts p2pd, while torch still loads in a background thread (``daemon.parts.preload_torch``).
 """
 
 from __future__ import annotations

@@ -116,6 +116,13 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the parent process dies (``PR_SET_PDEATHSIG``)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))
+
+
 class LocalSwarm:
     """A coordinator process and node processes in ``folder``. Use as a context manager: on exit,
     anything still running is stopped (SIGTERM, then SIGKILL after a deadline)."""
@@ -128,6 +135,9 @@ class LocalSwarm:
         reach them; the owner stops them)."""
         self.folder, self.run_toml, self.run_id, self.log = folder, run_toml, run_id, log
         self.own_session = own_session
+        # A child in a session of its own is out of reach of the terminal's signals, so on Linux
+        # it gets SIGTERM from the kernel when this process dies, however it dies (SIGKILL too).
+        self._preexec = _die_with_parent if own_session and sys.platform == "linux" else None
         self.coordinator: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.nodes: list[subprocess.Popen[bytes]] = []
@@ -154,6 +164,7 @@ class LocalSwarm:
              "--run", str(self.run_toml), "--operator-token", "demo",
              "--sqlite-sync", "NORMAL", "--log-level", "warning", *extra],
             stdout=self._out("coordinator"), stderr=subprocess.STDOUT, start_new_session=self.own_session,
+            preexec_fn=self._preexec,
         )  # fmt: skip
 
         def up() -> bool:
@@ -181,6 +192,7 @@ class LocalSwarm:
                 stdout=self._out(f"node{i}"),
                 stderr=subprocess.STDOUT,
                 start_new_session=self.own_session,
+                preexec_fn=self._preexec,
             )
         )
         self.node_dirs.append(d)

@@ -3,7 +3,8 @@
 Steps:
  1. start ``python -m distronet.node.demo`` without ``DEMO_STEPS`` (train until Ctrl-C);
  2. its first line is the dashboard's URL;
- 3. wait (deadline, no sleep) until the nodes have trained a step, and note every descendant
+ 3. wait (deadline, no sleep) until the nodes have trained a step (any step line: a fast step
+    may go unprinted), and note every descendant
     process (coordinator, 3 nodes, their p2pd);
  4. SIGINT to the demo alone: it exits 0 after printing the summary table, and none of the
     descendants is left.
@@ -79,7 +80,9 @@ def test_unbounded_demo_trains_until_sigint_then_exits_clean() -> None:
     try:
         first = _wait_line(lines, "", 60.0, seen)
         assert first.startswith("dashboard: http://127.0.0.1:") and first.endswith("/dashboard/?run=demo")
-        _wait_line(lines, "  step    0  loss", FIRST_STEP_S, seen)
+        # the demo prints what its nodes' status files say every tick, so a fast step can go unprinted:
+        # any step line means the swarm trains
+        _wait_line(lines, "  loss ", FIRST_STEP_S, seen)
         first_step_s = time.monotonic() - t0
         family = psutil.Process(demo.pid).children(recursive=True)
         names = " ".join(" ".join(p.cmdline()) for p in family)
@@ -114,7 +117,7 @@ def test_scripted_demo_stops_by_itself_after_demo_steps() -> None:
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.startswith("dashboard: http://127.0.0.1:")
-    assert "  step    2  loss" in out.stdout and "demo OK (3 steps)" in out.stdout
+    assert "  loss " in out.stdout and "demo OK (3 steps)" in out.stdout  # a fast step may go unprinted
 
 
 def test_demo_steps_from_the_environment() -> None:

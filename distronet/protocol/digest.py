@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 import struct
 
-from distronet.protocol.errors import RejectCode, Rejected
+from distronet.protocol.errors import RejectCode, Rejected, require_size
 from distronet.protocol.framing import EncodeError
 from distronet.protocol.limits import DEFAULT_LIMITS, Limits
 
@@ -64,9 +64,7 @@ def encode_digest_request(step: int, *, limits: Limits = DEFAULT_LIMITS) -> byte
 def decode_digest_request(data: bytes, *, limits: Limits = DEFAULT_LIMITS) -> int:
     """The step asked for. Raises Rejected: TRUNCATED (short), MALFORMED (long, bad magic, a
     step over ``max_step``)."""
-    if len(data) != DIGEST_REQUEST_BYTES:
-        code = RejectCode.TRUNCATED if len(data) < DIGEST_REQUEST_BYTES else RejectCode.MALFORMED
-        raise Rejected(code, f"digest request of {len(data)} bytes; it is {DIGEST_REQUEST_BYTES}")
+    require_size(data, DIGEST_REQUEST_BYTES, "digest request")
     magic, step = _REQUEST.unpack(data)
     if magic != DIGEST_MAGIC:
         raise Rejected(RejectCode.MALFORMED, f"digest request magic {magic!r}")

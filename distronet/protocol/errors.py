@@ -23,6 +23,7 @@ __all__ = [
     "ProtocolError",
     "RejectCode",
     "Rejected",
+    "require_size",
 ]
 
 
@@ -107,3 +108,10 @@ class Rejected(ProtocolError):
         if ctx:
             msg += f" [{ctx}]"
         super().__init__(msg)
+
+
+def require_size(data: bytes, size: int, what: str) -> None:
+    """Refuse a fixed-size message of any other length: TRUNCATED when short, MALFORMED when long."""
+    if len(data) != size:
+        code = RejectCode.TRUNCATED if len(data) < size else RejectCode.MALFORMED
+        raise Rejected(code, f"{what} of {len(data)} bytes; it is {size}")

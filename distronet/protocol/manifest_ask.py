@@ -18,7 +18,7 @@ import enum
 import struct
 from dataclasses import dataclass
 
-from distronet.protocol.errors import RejectCode, Rejected
+from distronet.protocol.errors import RejectCode, Rejected, require_size
 from distronet.protocol.framing import EncodeError
 from distronet.protocol.limits import DEFAULT_LIMITS, DEFAULT_STREAM_LIMITS, Limits, StreamLimits
 
@@ -82,9 +82,7 @@ def encode_ask(kind: AskKind, step: int = 0, *, limits: Limits = DEFAULT_LIMITS)
 def decode_ask(data: bytes, *, limits: Limits = DEFAULT_LIMITS) -> AskRequest:
     """Parse a request. Raises Rejected: TRUNCATED (short), MALFORMED (long, unknown tag, a step
     over ``max_step``, a NEWEST request with a step)."""
-    if len(data) != ASK_REQUEST_BYTES:
-        code = RejectCode.TRUNCATED if len(data) < ASK_REQUEST_BYTES else RejectCode.MALFORMED
-        raise Rejected(code, f"manifest ask of {len(data)} bytes; it is {ASK_REQUEST_BYTES}")
+    require_size(data, ASK_REQUEST_BYTES, "manifest ask")
     tag, step = _REQUEST.unpack(data)
     try:
         kind = AskKind(tag)

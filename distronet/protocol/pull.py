@@ -18,7 +18,7 @@ import enum
 import struct
 from dataclasses import dataclass
 
-from distronet.protocol.errors import RejectCode, Rejected
+from distronet.protocol.errors import RejectCode, Rejected, require_size
 from distronet.protocol.framing import EncodeError
 
 __all__ = [
@@ -90,9 +90,7 @@ def encode_pull_request(digest: bytes, max_bytes: int) -> bytes:
 
 def decode_pull_request(data: bytes) -> PullRequest:
     """Parse one request. Raises Rejected: TRUNCATED (short), MALFORMED (long, or bad magic)."""
-    if len(data) != PULL_REQUEST_BYTES:
-        code = RejectCode.TRUNCATED if len(data) < PULL_REQUEST_BYTES else RejectCode.MALFORMED
-        raise Rejected(code, f"pull request of {len(data)} bytes; it is {PULL_REQUEST_BYTES}")
+    require_size(data, PULL_REQUEST_BYTES, "pull request")
     magic, digest, max_bytes = _REQUEST.unpack(data)
     if magic != PULL_MAGIC:
         raise Rejected(RejectCode.MALFORMED, f"pull request magic {magic!r}")
@@ -115,9 +113,7 @@ def decode_pull_header(data: bytes, *, max_bytes: int, expected_size: int | None
     size; OK with a size other than ``expected_size``), TOO_LARGE (status TOO_LARGE, or OK with
     a size over ``max_bytes``).
     """
-    if len(data) != PULL_HEADER_BYTES:
-        code = RejectCode.TRUNCATED if len(data) < PULL_HEADER_BYTES else RejectCode.MALFORMED
-        raise Rejected(code, f"pull response header of {len(data)} bytes; it is {PULL_HEADER_BYTES}")
+    require_size(data, PULL_HEADER_BYTES, "pull response header")
     raw_status, size = _HEADER.unpack(data)
     try:
         status = PullStatus(raw_status)

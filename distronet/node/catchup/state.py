@@ -36,7 +36,15 @@ from torch import nn
 
 from distronet.protocol.errors import ConfigError
 
-__all__ = ["INT_STATE", "LOCAL_STATE", "MAGIC", "TENSOR_STATE", "StateRefused", "load_state_blob", "state_blob"]
+__all__ = [
+    "INT_STATE",
+    "LOCAL_STATE",
+    "MAGIC",
+    "TENSOR_STATE",
+    "StateRefused",
+    "load_state_blob",
+    "state_blob",
+]
 
 MAGIC = b"DNS0"
 MAX_HEADER = 1 << 20

@@ -245,8 +245,9 @@ async def fetch_state(
     for when the agreed state is not above it (``NoNewerState``): nothing is downloaded for a
     state the caller would not adopt.
 
-    Raises: NoNewerState, NoQuorum (no root has a quorum: retry later), PullError (no donor offers a state, or a chunk no donor could deliver),
-    PullTimeout (``timeout`` passed; verified chunks stay in ``cache_dir`` for a resume).
+    Raises: NoNewerState, NoQuorum (no root has a quorum: retry later), PullError (no donor
+    offers a state, or a chunk no donor could deliver), PullTimeout (``timeout`` passed;
+    verified chunks stay in ``cache_dir`` for a resume).
     """
     deadline = time.monotonic() + timeout
     unique = list({d.to_bytes(): d for d in donors}.values())  # one vote per peer id

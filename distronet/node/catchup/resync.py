@@ -44,7 +44,7 @@ from collections.abc import Sequence
 
 from distronet.node.catchup.digests import DigestBoard
 from distronet.node.catchup.drift import DriftCount, DriftWatch
-from distronet.node.catchup.replay import replay_rounds
+from distronet.node.catchup.replay import replay_rounds, vouched_step
 from distronet.node.catchup.replica import CatchUpStatus, Replica
 from distronet.node.catchup.statesync import Admitted, NoNewerState, StateDonor, fetch_state
 from distronet.node.exchange.swarm import AsyncSwarmExchange, FellBehind
@@ -60,6 +60,7 @@ VERIFY_STEPS = 3  # a node that caught up checks its hash against peers this man
 REPLAY_S = 20.0  # at most this long replaying before a download
 REPLAY_AFTER_S = 10.0  # replaying what the swarm decided during a download
 DRIFT_ADOPT_S = 30.0  # fetching the drift check's winning state
+SWARM_SLACK = 2  # steps a fetched state may be past the step the peers vouch for (they move on)
 
 
 class CatchUpError(DistroError):
@@ -155,7 +156,7 @@ class CatchUp:
                     newer_than=self.replica.step - 1,
                     timeout=DRIFT_ADOPT_S,
                     donors=donors,
-                    max_step=self.replica.step + 2,  # the winners hold our step's state, or a step on
+                    max_step=self.replica.step + SWARM_SLACK,  # the winners' state: our step, or a step on
                 )
         now = self.replica.step
         if now <= self.replica.verify_until or (drift_every and now % drift_every == 0):
@@ -193,6 +194,8 @@ class CatchUp:
             if replayed or (replayed is False and joining):
                 return bool(replayed)
             newer_than = max(newer_than, self.replica.step)  # rounds replayed before it stopped count
+            bound = await self._bound(peers)
+            max_step = bound if max_step is None or bound is None else min(max_step, bound)
         blob = await self._fetch(donors, newer_than, timeout, max_step)
         if blob is None or not await self._adopt(blob):
             return False
@@ -224,6 +227,14 @@ class CatchUp:
         self.status.replayed_rounds += got.rounds
         self.replica.verify_until = self.replica.step + VERIFY_STEPS
         return True if got.tip else None
+
+    async def _bound(self, peers: list[bytes]) -> int | None:
+        """The newest step a state may have: ``SWARM_SLACK`` past the step a quorum of the
+        (admitted) peers say they have opened; None when none answered."""
+        if self.admitted is not None:
+            peers = [p for p in peers if self.admitted(p)]
+        vouched = await vouched_step(self.core, peers, self.quorum)
+        return None if vouched is None else max(vouched, 0) + SWARM_SLACK
 
     async def _fetch(
         self, donors: Sequence[PeerID], newer_than: int, timeout: float, max_step: int | None

@@ -86,6 +86,7 @@ def _catch_up(monkeypatch: pytest.MonkeyPatch, net: _Net, step: int = 0) -> tupl
         return net.fetch
 
     monkeypatch.setattr(resync, "replay_rounds", replay_rounds)
+    monkeypatch.setattr(resync, "vouched_step", _async(None))  # no peer vouches: no bound
     monkeypatch.setattr(resync, "fetch_state", fetch_state)
     monkeypatch.setattr(state, "load_state_blob", load_state_blob)
     cu = CatchUp(

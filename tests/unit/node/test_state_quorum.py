@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from distronet.node.catchup.digests import state_to_adopt
+from distronet.node.catchup.replay import kth_newest
 from distronet.node.catchup.state import StateRefused, load_state_blob, state_blob
 from distronet.node.catchup.statesync import NoQuorum, choose_root
 from distronet.node.daemon.trainer import ModelSpec, param_digest
@@ -62,6 +63,12 @@ def test_equal_backing_prefers_the_newer_step_then_the_smaller_sha() -> None:
     assert choose_root(offers, quorum=2).root == (41, FAKE)
     same = [offer(1, 40, HONEST), offer(2, 40, HONEST), offer(3, 40, FAKE), offer(4, 40, FAKE)]
     assert choose_root(same, quorum=2).root == (40, min(HONEST, FAKE))
+
+
+def test_the_swarm_step_bound_ignores_one_peer_claiming_a_far_step() -> None:
+    assert kth_newest([40, 10**15, 39], 2) == 40  # the liar's step needs a second voucher
+    assert kth_newest([10**15], 2) == 10**15  # one answer: it is all we know (the root quorum still holds)
+    assert kth_newest([], 2) is None
 
 
 # ---------------------------------------------------------------- the drift vote

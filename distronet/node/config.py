@@ -97,6 +97,11 @@ class TrainConfig:
     drift_every: int = _f(
         10, "compare the parameter hash with peers every this many steps; resync on mismatch (0: off)"
     )
+    state_quorum: int = _f(
+        2,
+        "adopt a peer's state (catch-up, drift repair) only when this many distinct peers agree on it "
+        "(fewer only when fewer were asked); docs/decisions/state-quorum.md",
+    )
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -104,6 +109,8 @@ class TrainConfig:
         for name in ("max_steps", "checkpoint_every", "threads", "drift_every", "omp_spincount"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.state_quorum < 1:
+            raise ConfigError(f"state_quorum must be >= 1, got {self.state_quorum}")
         if self.min_peers < 1 or self.start_timeout_s <= 0 or self.max_seconds < 0:
             raise ConfigError("min_peers must be >= 1, start_timeout_s > 0 and max_seconds >= 0")
 

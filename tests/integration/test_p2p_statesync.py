@@ -11,9 +11,18 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+import torch
 
 from distronet.node.catchup.digests import DigestBoard, ask_digest
-from distronet.node.catchup.statesync import NoNewerState, StateDonor, ask_manifest, describe, fetch_state
+from distronet.node.catchup.state import StateRefused, load_state_blob, state_blob
+from distronet.node.catchup.statesync import (
+    NoNewerState,
+    NoQuorum,
+    StateDonor,
+    ask_manifest,
+    describe,
+    fetch_state,
+)
 from distronet.node.swarm.errors import PullError
 from distronet.node.swarm.membership import MembershipConfig
 from distronet.node.swarm.p2p import SwarmConfig
@@ -74,7 +83,7 @@ async def test_newcomer_fetches_from_several_donors_with_progress(
     assert seen[-1] == (len(BLOB), len(BLOB)) and [d for d, _ in seen] == sorted(d for d, _ in seen)
 
 
-async def test_newest_step_wins_and_a_fetch_resumes_from_its_cache(
+async def test_with_quorum_one_the_newest_step_wins_and_a_fetch_resumes_from_its_cache(
     cluster: tuple[list[Swarm], list[StateDonor]], tmp_path: Path
 ) -> None:
     (a, b, c), (da, db) = cluster
@@ -88,7 +97,11 @@ async def test_newest_step_wins_and_a_fetch_resumes_from_its_cache(
     bad = newer[5 * CHUNK : 6 * CHUNK]
     (tmp_path / hashlib.sha256(bad).hexdigest()).write_bytes(b"x" * len(bad))
     served = da.puller.served, db.puller.served
-    manifest, blob = await fetch_state(c, [b.host.peer_id, a.host.peer_id], timeout=60.0, cache_dir=tmp_path)
+    with pytest.raises(NoQuorum):  # the default quorum of 2: one donor each is no agreement
+        await fetch_state(c, [b.host.peer_id, a.host.peer_id], timeout=60.0)
+    manifest, blob = await fetch_state(
+        c, [b.host.peer_id, a.host.peer_id], timeout=60.0, cache_dir=tmp_path, quorum=1
+    )
     assert manifest.step == 9 and blob == newer
     assert da.puller.served - served[0] == 13 - 5  # only what the cache lacked (the corrupt one refetched)
     assert db.puller.served == served[1]
@@ -157,19 +170,76 @@ async def test_peers_answer_parameter_digests_of_recent_steps(
     cluster: tuple[list[Swarm], list[StateDonor]],
 ) -> None:
     (a, _, c), _ = cluster
-    board = await DigestBoard.create(a.host, keep=3, wait_s=5.0)
+    board = await DigestBoard.create(a.host, a.identity, RUN, keep=3, wait_s=5.0)
     try:
         for step in range(5):
             board.record(step, bytes([step]) * 32)
-        assert await ask_digest(c.host, a.host.peer_id, 4, 5.0) == bytes([4]) * 32
-        assert await ask_digest(c.host, a.host.peer_id, 1, 5.0) is None  # older than the last 3
-        later = asyncio.ensure_future(ask_digest(c.host, a.host.peer_id, 5, 10.0))
+        assert await ask_digest(c.host, a.host.peer_id, 4, 5.0, run_id=RUN) == bytes([4]) * 32
+        assert await ask_digest(c.host, a.host.peer_id, 1, 5.0, run_id=RUN) is None  # older than the last 3
+        later = asyncio.ensure_future(ask_digest(c.host, a.host.peer_id, 5, 10.0, run_id=RUN))
         await asyncio.sleep(0.3)  # the step being computed: the answer waits for it
         assert not later.done()
         board.record(5, b"\x05" * 32)
         assert await later == b"\x05" * 32
-        assert await ask_digest(c.host, a.host.peer_id, 9, 5.0) is None  # far ahead: unknown at once
-        assert await ask_digest(a.host, c.host.peer_id, 4, 5.0) is None  # c serves no digests
+        far = await ask_digest(c.host, a.host.peer_id, 9, 5.0, run_id=RUN)
+        assert far is None  # far ahead: unknown at once
+        assert await ask_digest(a.host, c.host.peer_id, 4, 5.0, run_id=RUN) is None  # c serves no digests
         assert board.served == 4
     finally:
         await board.close()
+
+
+async def test_a_digest_signed_by_another_key_or_for_another_run_is_no_answer(
+    cluster: tuple[list[Swarm], list[StateDonor]],
+) -> None:
+    (a, b, c), _ = cluster
+    forger = await DigestBoard.create(a.host, Identity.generate(), RUN)  # not a's key
+    other_run = await DigestBoard.create(b.host, b.identity, "another-run")
+    try:
+        forger.record(3, b"\x03" * 32)
+        other_run.record(3, b"\x03" * 32)
+        assert await ask_digest(c.host, a.host.peer_id, 3, 5.0, run_id=RUN) is None
+        assert await ask_digest(c.host, b.host.peer_id, 3, 5.0, run_id=RUN) is None
+        assert forger.served == 1 and other_run.served == 1  # they answered; the answers did not verify
+    finally:
+        await forger.close()
+        await other_run.close()
+
+
+def _model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+
+
+async def test_a_hostile_donor_cannot_make_a_newcomer_adopt_its_state(
+    cluster: tuple[list[Swarm], list[StateDonor]], tmp_path: Path
+) -> None:
+    """Two honest donors serve step 30; a third, hostile one offers a NaN state at a far higher
+    step. The newcomer adopts the honest state and pulls nothing from the hostile donor; with
+    one honest donor only, nothing is adopted (NoQuorum), and the NaN state would not load."""
+    (a, b, c), (da, db) = cluster
+    hostile = await start(tmp_path, "h", tuple(await a.host.maddrs()))
+    dh = await StateDonor.create(hostile)
+    try:
+        honest = state_blob(30, _model(1))
+        poisoned = _model(2)
+        with torch.no_grad():
+            for p in poisoned.parameters():
+                p.fill_(float("nan"))
+        nan_blob = state_blob(10**15, poisoned)
+        da.offer(30, honest, chunk_bytes=CHUNK)
+        db.offer(30, honest, chunk_bytes=CHUNK)
+        dh.offer(10**15, nan_blob, chunk_bytes=CHUNK)
+        donors = [hostile.host.peer_id, a.host.peer_id, b.host.peer_id]
+        manifest, blob = await fetch_state(c, donors, timeout=60.0, newer_than=10)
+        assert manifest.step == 30 and blob == honest and dh.puller.served == 0
+        with pytest.raises(NoQuorum):  # the hostile donor and one honest one: no agreement
+            await fetch_state(c, [hostile.host.peer_id, a.host.peer_id], timeout=30.0)
+        mine = _model(3)
+        assert load_state_blob(blob, mine) == 30
+        with pytest.raises(StateRefused, match="NaN"):  # had it been fetched anyway
+            load_state_blob(nan_blob, mine)
+        assert all(bool(torch.isfinite(p).all()) for p in mine.parameters())
+    finally:
+        await dh.close()
+        await hostile.close()

@@ -6,11 +6,15 @@ each peer for its digest of one step (:func:`ask_digest`) and compares it with i
 small request per peer, where comparing state manifests meant serialising and hashing the whole
 state (parameters + replicated optimizer state, ~7 MB for the default model) on every peer.
 
-The answer is not signed: the stream's peer is authenticated by libp2p (Noise), and a digest only
-decides whether *we* resync, which a lying peer could cause with a signed manifest just as well.
+The answer is signed by the answering peer over (run, step, digest) and verified by the asker
+(an answer that does not verify is no vote). The verdict (:func:`state_to_adopt`) counts one
+vote per peer id, only peers ``admitted`` accepts when the node has an admission check, and
+adopts another group's state only when at least a quorum of voters back it
+(docs/decisions/state-quorum.md): fresh identities cannot outvote admitted honest replicas.
 
 Wire: ``distronet.protocol.digest`` (docs/protocol.md §14.4): a 12-byte request naming the step,
-an answer of a status byte and (found) the 32-byte digest; served through the swarm's servicer.
+an answer of a status byte and (found) the 32-byte digest and its 64-byte signature; served
+through the swarm's servicer.
 
 A peer asked for the step it is computing right now waits (at most ``wait_s``) for it to finish
 instead of answering "unknown", so checks between replicas a little out of step still compare.
@@ -21,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter, OrderedDict
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import TypeVar
 
 from distronet.node.swarm.errors import StreamError
@@ -29,7 +33,7 @@ from distronet.node.swarm.hivemind_shim import PeerID
 from distronet.node.swarm.p2p import SwarmHost
 from distronet.node.swarm.servicer import StreamCall, StreamRoute, StreamServicer, ask
 from distronet.protocol.digest import (
-    DIGEST_BYTES,
+    DIGEST_ANSWER_BYTES,
     DIGEST_PROTOCOL,
     DIGEST_REQUEST_BYTES,
     DigestStatus,
@@ -37,8 +41,10 @@ from distronet.protocol.digest import (
     decode_digest_status,
     encode_digest_answer,
     encode_digest_request,
+    open_digest_answer,
 )
 from distronet.protocol.errors import ProtocolError
+from distronet.protocol.identity import Identity
 
 __all__ = ["DIGEST_PROTOCOL", "DigestBoard", "ask_digest", "state_to_adopt"]
 
@@ -50,11 +56,21 @@ class DigestBoard:
     """The digests of this node's last ``keep`` steps, served to peers. Build with :meth:`create`.
 
     ``record`` and ``get`` run on the event loop's thread. ``wait_s``: how long a request for
-    the step after the newest recorded one waits for it.
+    the step after the newest recorded one waits for it. Answers are signed with ``identity``
+    for ``run_id``; a board without an identity answers every request "unknown".
     """
 
-    def __init__(self, host: SwarmHost | None = None, *, keep: int = 64, wait_s: float = 3.0) -> None:
-        self.host, self.keep, self.wait_s = host, max(1, keep), wait_s
+    def __init__(
+        self,
+        host: SwarmHost | None = None,
+        identity: Identity | None = None,
+        run_id: str = "",
+        *,
+        keep: int = 64,
+        wait_s: float = 3.0,
+    ) -> None:
+        self.host, self.identity, self.run_id = host, identity, run_id
+        self.keep, self.wait_s = max(1, keep), wait_s
         self._digests: OrderedDict[int, bytes] = OrderedDict()
         self._newest = -1
         self._recorded = asyncio.Event()
@@ -62,9 +78,12 @@ class DigestBoard:
         self.servicer = StreamServicer(host)
 
     @classmethod
-    async def create(cls, host: SwarmHost, *, keep: int = 64, wait_s: float = 3.0) -> DigestBoard:
-        """A board that serves ``DIGEST_PROTOCOL`` on ``host``. Raises DaemonError (p2pd)."""
-        self = cls(host, keep=keep, wait_s=wait_s)
+    async def create(
+        cls, host: SwarmHost, identity: Identity, run_id: str, *, keep: int = 64, wait_s: float = 3.0
+    ) -> DigestBoard:
+        """A board that serves ``DIGEST_PROTOCOL`` on ``host``, signed by ``identity`` (the host's
+        key) for ``run_id``. Raises DaemonError (p2pd)."""
+        self = cls(host, identity, run_id, keep=keep, wait_s=wait_s)
         await self.servicer.add(self.route())
         return self
 
@@ -104,48 +123,61 @@ class DigestBoard:
         return self._digests.get(step)
 
     async def _answer(self, call: StreamCall) -> bytes:
-        """Found with the digest of the step asked for, or unknown. Raises Rejected (malformed)."""
-        digest = await self.wait_for(decode_digest_request(call.request), self.wait_s)
+        """Found with the signed digest of the step asked for, or unknown. Raises Rejected (malformed)."""
+        step = decode_digest_request(call.request)
+        digest = await self.wait_for(step, self.wait_s)
         self.served += 1
-        return encode_digest_answer(digest)
+        return encode_digest_answer(digest, identity=self.identity, run=self.run_id, step=step)
 
     async def close(self) -> None:
         await self.servicer.close()
 
 
-async def _read_digest(reader: asyncio.StreamReader) -> bytes | None:
-    if decode_digest_status(await reader.readexactly(1)) is DigestStatus.FOUND:
-        return await reader.readexactly(DIGEST_BYTES)
-    return None
+async def ask_digest(
+    host: SwarmHost, peer: PeerID, step: int, timeout: float, *, run_id: str
+) -> bytes | None:
+    """``peer``'s parameter digest after ``step`` in run ``run_id``; None when it has none, does
+    not answer within ``timeout`` seconds, or answers malformed or unsigned by ``peer``."""
 
+    async def read(reader: asyncio.StreamReader) -> bytes | None:
+        if decode_digest_status(await reader.readexactly(1)) is not DigestStatus.FOUND:
+            return None
+        body = await reader.readexactly(DIGEST_ANSWER_BYTES)
+        return open_digest_answer(body, sender=peer.to_bytes(), run=run_id, step=step)
 
-async def ask_digest(host: SwarmHost, peer: PeerID, step: int, timeout: float) -> bytes | None:
-    """``peer``'s parameter digest after ``step``; None when it has none, does not answer within
-    ``timeout`` seconds, or answers malformed."""
     try:
         request = encode_digest_request(step)
-        return await ask(host.control_path, peer, DIGEST_PROTOCOL, request, _read_digest, timeout)
+        return await ask(host.control_path, peer, DIGEST_PROTOCOL, request, read, timeout)
     except (StreamError, ProtocolError):  # dead, unreachable, no handler or malformed: no digest
         return None
 
 
-def state_to_adopt(mine: bytes, theirs: Mapping[K, bytes | None]) -> list[K] | None:
+def state_to_adopt(
+    mine: bytes,
+    theirs: Mapping[K, bytes | None],
+    *,
+    quorum: int = 1,
+    admitted: Callable[[K], bool] | None = None,
+) -> list[K] | None:
     """The drift check's verdict: the peers whose state this node should adopt, or None to keep its own.
 
-    ``mine`` is our digest of one step, ``theirs`` each asked peer's digest of that step (None:
-    no answer). The digests that answered, ours included, are grouped; the group ranked first is
-    the largest, ties broken by the smallest digest. Every node that heard the same answers
-    computes the same winner, so a swarm whose replicas drifted apart converges on one state
-    instead of each replica adopting another's: a node in the winning group keeps its state
-    (returns None), every other node gets the winning group's peers (in ``theirs``' order), from which
-    alone it should fetch the state. None when no peer answered. Cost: O(peers).
+    ``mine`` is our digest of one step, ``theirs`` each asked peer's (verified) digest of that
+    step (None: no answer). Only the peers ``admitted`` accepts vote (all, without it); the
+    digests that answered, ours included, are grouped; the group ranked first is the largest,
+    ties broken by the smallest digest. Every node that heard the same answers computes the
+    same winner, so a swarm whose replicas drifted apart converges on one state instead of each
+    replica adopting another's: a node in the winning group keeps its state (returns None),
+    every other node gets the winning group's peers (in ``theirs``' order), from which alone it
+    should fetch the state, if there are at least ``min(quorum, voters)`` of them (else None:
+    a lone voter never moves a replica while others answered). None when no peer answered.
+    Cost: O(peers).
     """
-    known = {k: d for k, d in theirs.items() if d is not None}
+    known = {k: d for k, d in theirs.items() if d is not None and (admitted is None or admitted(k))}
     if not known:
         return None
     counts = Counter(known.values())
     counts[mine] += 1
     winner = min(counts, key=lambda d: (-counts[d], d))
-    if winner == mine:
+    if winner == mine or counts[winner] < min(max(1, quorum), len(known)):
         return None
     return [k for k, d in known.items() if d == winner]

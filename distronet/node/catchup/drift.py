@@ -2,11 +2,13 @@
 
 After a step, a node compares its parameter digest of that step with the peers' digests of it
 (``digests.ask_digest``: one small request per peer; a peer one step behind answers when it gets
-there). ``digests.state_to_adopt`` gives the verdict every replica reaches alike: the largest
-group of equal digests, ties to the smallest digest, wins; its members keep their state, the
-others adopt it from them (``CatchUp.catch_up(donors=...)``, ``resync.py``). A check runs at every
-step up to ``Replica.verify_until`` (just after catching up, when a newcomer's first packets race
-rounds the others may have decided already) and every ``drift_every`` steps, in the background
+there; its answer is signed, and one that does not verify is no vote). ``digests.state_to_adopt``
+gives the verdict every replica reaches alike: of the admitted voters (all, without an admission
+check), the largest group of equal digests, ties to the smallest digest, wins if a quorum backs
+it; its members keep their state, the others adopt it from them
+(``CatchUp.catch_up(donors=...)``, ``resync.py``). A check runs at every step up to
+``Replica.verify_until`` (just after catching up, when a newcomer's first packets race rounds
+the others may have decided already) and every ``drift_every`` steps, in the background
 (:class:`DriftWatch`): a step never waits for the peers' answers.
 """
 
@@ -18,6 +20,7 @@ from collections.abc import Callable
 
 from distronet.node.catchup.digests import DigestBoard, ask_digest, state_to_adopt
 from distronet.node.catchup.replica import CatchUpStatus
+from distronet.node.catchup.statesync import Admitted
 from distronet.node.swarm.hivemind_shim import PeerID
 from distronet.node.swarm.stack import Swarm
 
@@ -33,24 +36,35 @@ or ``skipped`` (no peer answered); the daemon's ``drift_checks_total{result}`` m
 
 
 async def drift_check(
-    swarm: Swarm, board: DigestBoard, done: int, status: CatchUpStatus, count: DriftCount
+    swarm: Swarm,
+    board: DigestBoard,
+    done: int,
+    status: CatchUpStatus,
+    count: DriftCount,
+    *,
+    quorum: int = 2,
+    admitted: Admitted | None = None,
 ) -> list[PeerID] | None:
-    """Compare our digest after step ``done`` (``board``) with the peers' on the run's topic.
+    """Compare our digest after step ``done`` (``board``) with the peers' on the run's topic
+    (only those ``admitted`` accepts vote; a state is adopted when ``quorum`` voters back it).
     Returns the peers whose state we should adopt (module doc), or None to keep ours. Counts
     the verdict (``status.drift_equal`` / ``drift_differs``, ``count``). Never raises for silent
     or unreachable peers."""
     mine = board.get(done)
     peers = list(set(await swarm.gossip.topic_peers(swarm.topic)))
+    if admitted is not None:
+        peers = [p for p in peers if admitted(p.to_bytes())]
     if mine is None or not peers:
         return None
-    theirs = await asyncio.gather(*(ask_digest(swarm.host, p, done, ASK_TIMEOUT_S) for p in peers))
+    asks = (ask_digest(swarm.host, p, done, ASK_TIMEOUT_S, run_id=swarm.run_id) for p in peers)
+    theirs = await asyncio.gather(*asks)
     known = [d for d in theirs if d is not None]
     log.info("drift check after step %d: %d of %d peers answered, %d equal", done, len(known), len(peers),
              known.count(mine))  # fmt: skip
     if not known:
         count("skipped")
         return None
-    donors = state_to_adopt(mine, dict(zip(peers, theirs, strict=True)))
+    donors = state_to_adopt(mine, dict(zip(peers, theirs, strict=True)), quorum=quorum)
     if donors is None:
         if mine in known:
             status.drift_equal += 1
@@ -72,8 +86,18 @@ class DriftWatch:
     :meth:`drifted` return its winners at the next step boundary (unless the replica caught up
     meanwhile, ``status.resyncs`` moved, which makes that check's verdict moot)."""
 
-    def __init__(self, swarm: Swarm, board: DigestBoard, status: CatchUpStatus, count: DriftCount) -> None:
+    def __init__(
+        self,
+        swarm: Swarm,
+        board: DigestBoard,
+        status: CatchUpStatus,
+        count: DriftCount,
+        *,
+        quorum: int = 2,
+        admitted: Admitted | None = None,
+    ) -> None:
         self.swarm, self.board, self.status, self.count = swarm, board, status, count
+        self.quorum, self.admitted = quorum, admitted
         self.task: asyncio.Task[list[PeerID] | None] | None = None
         self.resyncs = 0  # status.resyncs when the running check started
 
@@ -84,7 +108,9 @@ class DriftWatch:
             self.task = asyncio.ensure_future(self._check(done))
 
     async def _check(self, done: int) -> list[PeerID] | None:
-        check = drift_check(self.swarm, self.board, done, self.status, self.count)
+        check = drift_check(
+            self.swarm, self.board, done, self.status, self.count, quorum=self.quorum, admitted=self.admitted
+        )
         return await asyncio.wait_for(check, CHECK_TIMEOUT_S)
 
     def drifted(self) -> list[PeerID] | None:

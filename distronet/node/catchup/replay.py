@@ -33,7 +33,7 @@ from distronet.node.exchange.manifest_ask import AskStep, ask_newest, steps_of
 from distronet.node.exchange.swarm import AsyncSwarmExchange
 from distronet.node.swarm.control import peer_id
 
-__all__ = ["AHEAD", "Replayed", "replay_rounds", "replay_to_swarm"]
+__all__ = ["AHEAD", "Replayed", "kth_newest", "replay_rounds", "replay_to_swarm", "vouched_step"]
 
 log = logging.getLogger(__name__)
 
@@ -151,3 +151,19 @@ async def replay_rounds(
     if got is not None and got.rounds:
         replica.step = optimizer.step_index
     return got
+
+
+def kth_newest(steps: Sequence[int], quorum: int) -> int | None:
+    """The newest step that at least ``min(quorum, len(steps))`` of the answers reach (None for
+    no answer): a single peer claiming a far step does not move it while others answer."""
+    if not steps:
+        return None
+    return sorted(steps, reverse=True)[min(max(1, quorum), len(steps)) - 1]
+
+
+async def vouched_step(core: AsyncSwarmExchange, peers: Sequence[bytes], quorum: int) -> int | None:
+    """:func:`kth_newest` of the steps (up to ``PROBE_PEERS`` of) ``peers`` say they have opened
+    (``manifest_ask.ask_newest``): the bound a fetched state's step must keep (``resync.py``)."""
+    control = core.swarm.host.control_path
+    at = await steps_of(peers, lambda p: ask_newest(control, peer_id(p), ASK_TIMEOUT_S))
+    return kth_newest(list(at.values()), quorum)

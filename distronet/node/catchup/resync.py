@@ -44,9 +44,9 @@ from collections.abc import Sequence
 
 from distronet.node.catchup.digests import DigestBoard
 from distronet.node.catchup.drift import DriftCount, DriftWatch
-from distronet.node.catchup.replay import replay_rounds
+from distronet.node.catchup.replay import replay_rounds, vouched_step
 from distronet.node.catchup.replica import CatchUpStatus, Replica
-from distronet.node.catchup.statesync import NoNewerState, StateDonor, fetch_state
+from distronet.node.catchup.statesync import Admitted, NoNewerState, StateDonor, fetch_state
 from distronet.node.exchange.swarm import AsyncSwarmExchange, FellBehind
 from distronet.node.swarm.errors import SwarmError
 from distronet.node.swarm.hivemind_shim import PeerID
@@ -60,6 +60,7 @@ VERIFY_STEPS = 3  # a node that caught up checks its hash against peers this man
 REPLAY_S = 20.0  # at most this long replaying before a download
 REPLAY_AFTER_S = 10.0  # replaying what the swarm decided during a download
 DRIFT_ADOPT_S = 30.0  # fetching the drift check's winning state
+SWARM_SLACK = 2  # steps a fetched state may be past the step the peers vouch for (they move on)
 
 
 class CatchUpError(DistroError):
@@ -83,7 +84,10 @@ class CatchUp:
     """A node's catch-up (module doc) over its swarm, exchange, state donor and digest board.
 
     ``stop`` is the node's stop request: the retries give up once it is set. ``count_drift``
-    counts each drift check's verdict (``drift.DriftCount``). ``failed``: the last
+    counts each drift check's verdict (``drift.DriftCount``). ``quorum``: how many distinct
+    donors (or drift voters) must agree on a state before it is adopted; ``admitted``: the
+    admission check a donor or voter must pass (none: every peer counts);
+    docs/decisions/state-quorum.md. ``failed``: the last
     :meth:`catch_up` could not fetch or load a peer's state (a reason to try again).
     """
 
@@ -98,10 +102,13 @@ class CatchUp:
         *,
         count_drift: DriftCount,
         stop: asyncio.Event,
+        quorum: int = 2,
+        admitted: Admitted | None = None,
     ) -> None:
         self.swarm, self.core, self.donor, self.board = swarm, core, donor, board
         self.replica, self.status, self.stop = replica, status, stop
-        self.drift = DriftWatch(swarm, board, status, count_drift)
+        self.quorum, self.admitted = quorum, admitted
+        self.drift = DriftWatch(swarm, board, status, count_drift, quorum=quorum, admitted=admitted)
         self.failed = False
 
     async def join(self, timeout: float) -> None:
@@ -145,7 +152,12 @@ class CatchUp:
         donors = self.drift.drifted()
         if donors and not self.stop.is_set():
             with contextlib.suppress(Exception):  # a failed repair leaves the next check to try again
-                await self.catch_up(newer_than=self.replica.step - 1, timeout=DRIFT_ADOPT_S, donors=donors)
+                await self.catch_up(
+                    newer_than=self.replica.step - 1,
+                    timeout=DRIFT_ADOPT_S,
+                    donors=donors,
+                    max_step=self.replica.step + SWARM_SLACK,  # the winners' state: our step, or a step on
+                )
         now = self.replica.step
         if now <= self.replica.verify_until or (drift_every and now % drift_every == 0):
             self.drift.start(now - 1)
@@ -157,6 +169,7 @@ class CatchUp:
         timeout: float,
         donors: Sequence[PeerID] | None = None,
         joining: bool = False,
+        max_step: int | None = None,
     ) -> bool:
         """Adopt the newest state the peers agree on if its step is > ``newer_than``; True if the
         replica moved (adopted, or replayed up to the swarm's step).
@@ -164,7 +177,8 @@ class CatchUp:
         ``donors``: fetch only from these peers (the drift check's winning group: our state
         differs, so no replay); default: every peer on the run's topic, and a node a few rounds
         behind replays them instead (``joining``: a swarm at most one step ahead is in step with
-        us, nothing is downloaded). A downloaded state restarts momentum at zero
+        us, nothing is downloaded). Only a state a quorum of the donors agree on, at most
+        ``max_step``, is adopted (``statesync.choose_root``). A downloaded state restarts momentum at zero
         (ARCHITECTURE.md §5). Raises nothing for a swarm that has no newer state; the exchange
         is reused as it is.
         """
@@ -180,7 +194,9 @@ class CatchUp:
             if replayed or (replayed is False and joining):
                 return bool(replayed)
             newer_than = max(newer_than, self.replica.step)  # rounds replayed before it stopped count
-        blob = await self._fetch(donors, newer_than, timeout)
+            bound = await self._bound(peers)
+            max_step = bound if max_step is None or bound is None else min(max_step, bound)
+        blob = await self._fetch(donors, newer_than, timeout, max_step)
         if blob is None or not await self._adopt(blob):
             return False
         if replay:  # the swarm moved on during the download
@@ -212,9 +228,20 @@ class CatchUp:
         self.replica.verify_until = self.replica.step + VERIFY_STEPS
         return True if got.tip else None
 
-    async def _fetch(self, donors: Sequence[PeerID], newer_than: int, timeout: float) -> bytes | None:
-        """The state blob of the newest step > ``newer_than`` the donors agree on, or None (none
-        newer; or none could be fetched: ``failed``)."""
+    async def _bound(self, peers: list[bytes]) -> int | None:
+        """The newest step a state may have: ``SWARM_SLACK`` past the step a quorum of the
+        (admitted) peers say they have opened; None when none answered."""
+        if self.admitted is not None:
+            peers = [p for p in peers if self.admitted(p)]
+        vouched = await vouched_step(self.core, peers, self.quorum)
+        return None if vouched is None else max(vouched, 0) + SWARM_SLACK
+
+    async def _fetch(
+        self, donors: Sequence[PeerID], newer_than: int, timeout: float, max_step: int | None
+    ) -> bytes | None:
+        """The state blob a quorum of the donors agree on if its step is > ``newer_than`` (and at
+        most ``max_step``), or None (none newer; or no quorum, or none could be fetched:
+        ``failed``)."""
         try:
             manifest, blob = await fetch_state(
                 self.swarm,
@@ -223,6 +250,9 @@ class CatchUp:
                 per_donor=2,
                 progress=DownloadProgress("state"),
                 newer_than=newer_than,
+                quorum=self.quorum,
+                admitted=self.admitted,
+                max_step=max_step,
             )
         except NoNewerState:
             return None

@@ -18,7 +18,11 @@ Blob format (deterministic, so equal parameters give equal root hashes on every 
 ``tensors`` lists every parameter first (model order), then replicated optimizer state as
 ``"<param>#<key>"`` (same shape as the parameter).
 
-Everything read is checked against the model before use: names, shapes and sizes must match.
+Everything read is checked against the model and the optimizer before anything is copied
+(:func:`load_state_blob`): every parameter present once, in model order, and nothing else; each
+optimizer entry a known key of the right kind (``TENSOR_STATE`` a tensor of the parameter's
+shape, ``INT_STATE`` a bounded integer), each one the fresh optimizer already holds present;
+every value finite. A blob that breaks a rule is refused whole (``StateRefused``).
 """
 
 from __future__ import annotations
@@ -32,7 +36,15 @@ from torch import nn
 
 from distronet.protocol.errors import ConfigError
 
-__all__ = ["LOCAL_STATE", "MAGIC", "load_state_blob", "state_blob"]
+__all__ = [
+    "INT_STATE",
+    "LOCAL_STATE",
+    "MAGIC",
+    "TENSOR_STATE",
+    "StateRefused",
+    "load_state_blob",
+    "state_blob",
+]
 
 MAGIC = b"DNS0"
 MAX_HEADER = 1 << 20
@@ -40,6 +52,15 @@ LOCAL_STATE = frozenset({"momentum"})
 """Optimizer state keys that are this replica's own (error-feedback momentum): never shared.
 Every other per-parameter state (the Adam rule's ``v`` and ``n``, the overlap ``consensus``) is
 derived from aggregated updates only, identical on every replica, and travels in the blob."""
+TENSOR_STATE = frozenset({"consensus", "outer", "u_ema", "v"})
+"""The replicated per-parameter tensors ``DistroOptimizer`` keeps (``node/optim/distro.py``)."""
+INT_STATE = frozenset({"n"})
+"""Its replicated per-parameter integers (the Adam rule's update count)."""
+MAX_INT_STATE = 2**53
+
+
+class StateRefused(ConfigError):
+    """A peer's state blob is malformed or does not fit this run's model and optimizer."""
 
 
 def _f32(t: torch.Tensor) -> bytes:
@@ -61,10 +82,10 @@ def _layout(
             for key, value in sorted(optimizer.state.get(p, {}).items()):
                 if key in LOCAL_STATE:
                     continue
-                if isinstance(value, torch.Tensor) and value.shape == p.shape:
+                if isinstance(value, torch.Tensor) and value.shape == p.shape and key in TENSOR_STATE:
                     names.append([f"{name}#{key}", list(p.shape), p.numel() * 4])
                     tensors.append(value)
-                elif isinstance(value, int):
+                elif isinstance(value, int) and key in INT_STATE:
                     ints[f"{name}#{key}"] = value
     return names, tensors, ints
 
@@ -81,47 +102,89 @@ def state_blob(step: int, model: nn.Module, optimizer: torch.optim.Optimizer | N
     return _head(step, names, ints) + b"".join(_f32(t) for t in tensors)
 
 
+def _header(blob: bytes) -> tuple[int, int, list[object], dict[str, object]]:
+    """``(header end, step, tensor entries, ints)``. Raises StateRefused."""
+    if len(blob) < 8 or blob[:4] != MAGIC:
+        raise StateRefused("state blob: bad magic")
+    (n,) = struct.unpack(">I", blob[4:8])
+    if n > MAX_HEADER or 8 + n > len(blob):
+        raise StateRefused(f"state blob: header of {n} bytes does not fit")
+    try:
+        head = json.loads(blob[8 : 8 + n])
+        step, entries, ints = head["step"], list(head["tensors"]), dict(head.get("ints", {}))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise StateRefused(f"state blob: bad header ({e})") from e
+    if not isinstance(head, dict) or head.keys() - {"step", "tensors", "ints"}:
+        raise StateRefused("state blob: unknown header fields")
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= MAX_INT_STATE:
+        raise StateRefused(f"state blob: bad step {step!r}")
+    return 8 + n, step, entries, ints
+
+
+def _arrays(
+    blob: bytes, off: int, entries: list[object], params: dict[str, nn.Parameter]
+) -> list[tuple[nn.Parameter, str, np.ndarray]]:
+    """Each entry's parameter, key and float32 view, checked; raises StateRefused."""
+    arrays, seen = [], set()
+    for i, entry in enumerate(entries):
+        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)):
+            raise StateRefused(f"state blob: bad entry {str(entry)[:80]}")
+        name, _, key = entry[0].partition("#")
+        p = params.get(name)
+        ok_key = key == "" if i < len(params) else key in TENSOR_STATE
+        if p is None or not ok_key or entry[0] in seen:
+            raise StateRefused(f"state blob: unexpected tensor {entry[0][:80]!r}")
+        seen.add(entry[0])
+        if entry[1:] != [list(p.shape), p.numel() * 4] or off + p.numel() * 4 > len(blob):
+            raise StateRefused(f"state blob: {entry[0]!r} does not match parameter {name} {tuple(p.shape)}")
+        a = np.frombuffer(blob, dtype="<f4", count=p.numel(), offset=off).reshape(p.shape)
+        if not np.isfinite(a).all():
+            raise StateRefused(f"state blob: {entry[0]!r} holds NaN or infinite values")
+        arrays.append((p, key, a))
+        off += p.numel() * 4
+    if off != len(blob):
+        raise StateRefused(f"state blob: {len(blob) - off} trailing bytes")
+    return arrays
+
+
+def _check_ints(ints: dict[str, object], params: dict[str, nn.Parameter], tensors: set[str]) -> None:
+    for k, v in ints.items():
+        name, _, key = k.partition("#")
+        bad_value = not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_INT_STATE
+        if name not in params or key not in INT_STATE or k in tensors or bad_value:
+            raise StateRefused(f"state blob: bad integer state {k[:80]!r}")
+
+
+def _check_expected(
+    optimizer: torch.optim.Optimizer | None, params: dict[str, nn.Parameter], present: set[str]
+) -> None:
+    """Every replicated entry the (fresh) optimizer already holds must come with the blob."""
+    if optimizer is None:
+        return
+    for name, p in params.items():
+        for key in optimizer.state.get(p, {}):
+            if key not in LOCAL_STATE and f"{name}#{key}" not in present:
+                raise StateRefused(f"state blob: optimizer state {name}#{key} missing")
+
+
 def load_state_blob(blob: bytes, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> int:
     """Copy the blob's parameters into ``model`` (and its replicated optimizer state into
     ``optimizer.state``); return the blob's step.
 
-    Raises ``ConfigError`` when the blob is malformed or does not fit ``model`` exactly (nothing
-    is copied then).
+    Raises ``StateRefused`` (a ``ConfigError``) when the blob is malformed, holds a value that is
+    not finite, or does not fit ``model`` and ``optimizer`` exactly (module doc); nothing is
+    copied then. Cost: one pass over the blob (the finiteness check) before the copy.
     """
-    if len(blob) < 8 or blob[:4] != MAGIC:
-        raise ConfigError("state blob: bad magic")
-    (n,) = struct.unpack(">I", blob[4:8])
-    if n > MAX_HEADER or 8 + n > len(blob):
-        raise ConfigError(f"state blob: header of {n} bytes does not fit")
-    try:
-        head = json.loads(blob[8 : 8 + n])
-        step, entries, ints = int(head["step"]), list(head["tensors"]), dict(head.get("ints", {}))
-    except (ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"state blob: bad header ({e})") from e
+    off, step, entries, ints = _header(blob)
     params = dict(model.named_parameters())
-    if step < 0 or len(entries) < len(params) or len(entries) > 8 * len(params):
-        raise ConfigError(f"state blob: {len(entries)} tensors at step {step}, the model has {len(params)}")
-    off, arrays = 8 + n, []
-    for i, entry in enumerate(entries):
-        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)):
-            raise ConfigError(f"state blob: bad entry {entry!r}")
-        name, _, key = entry[0].partition("#")
-        p = params.get(name)
-        if p is None or (i < len(params)) != (key == "") or key in LOCAL_STATE:
-            raise ConfigError(f"state blob: unexpected tensor {entry[0]!r}")
-        if entry[1:] != [list(p.shape), p.numel() * 4] or off + p.numel() * 4 > len(blob):
-            raise ConfigError(f"state blob: {entry!r} does not match parameter {name} {tuple(p.shape)}")
-        arrays.append(
-            (p, key, np.frombuffer(blob, dtype="<f4", count=p.numel(), offset=off).reshape(p.shape))
-        )
-        off += p.numel() * 4
-    if off != len(blob):
-        raise ConfigError(f"state blob: {len(blob) - off} trailing bytes")
-    if [e[0] for e in entries[: len(params)]] != list(params):
-        raise ConfigError("state blob: parameters out of order")
-    for k, v in ints.items():
-        if k.partition("#")[0] not in params or not isinstance(v, int) or isinstance(v, bool):
-            raise ConfigError(f"state blob: bad integer state {k!r}")
+    if len(entries) < len(params) or len(entries) > (1 + len(TENSOR_STATE)) * len(params):
+        raise StateRefused(f"state blob: {len(entries)} tensors at step {step}, the model has {len(params)}")
+    arrays = _arrays(blob, off, entries, params)
+    if [e[0] for e in entries[: len(params)]] != list(params):  # type: ignore[index]
+        raise StateRefused("state blob: parameters out of order")
+    tensors = {str(e[0]) for e in entries[len(params) :]}  # type: ignore[index]
+    _check_ints(ints, params, tensors)
+    _check_expected(optimizer, params, tensors | set(ints))
     with torch.no_grad():
         for p, key, a in arrays:
             t = torch.from_numpy(a.astype(np.float32)).to(p.device)

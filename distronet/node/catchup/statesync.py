@@ -6,8 +6,9 @@ hashed and signed only when a peer asks for it, at most once per step; a node st
 times a second, peers ask rarely), served over their own pull protocol, and answers manifest
 requests on ``STATE_MANIFEST_PROTOCOL`` with a signed :class:`StateManifest` (step, size,
 sha256 of the whole blob and of each chunk). A newcomer :func:`fetch_state`\\ s: it asks every
-candidate donor for its manifest, picks the newest step and the root hash most donors agree on
-(ties: the smallest hash, so every fetching node picks the same state), then pulls the chunks
+candidate donor for its manifest and adopts only a root (step, sha256) that a quorum of distinct,
+admitted donors agree on (:func:`choose_root`; docs/decisions/state-quorum.md): a lone donor
+claiming a far newer step, or a minority offering another state, is never chosen. Then it pulls the chunks
 spread over those donors (at most ``per_donor`` chunks in flight at each,
 so no donor is overloaded), retrying a failed chunk at another donor. Every chunk is hash-checked
 and, with a ``cache_dir``, written there as soon as it verifies, so a restarted fetch resumes.
@@ -57,9 +58,11 @@ __all__ = [
     "STATE_MANIFEST_PROTOCOL",
     "STATE_PULL_PROTOCOL",
     "NoNewerState",
+    "NoQuorum",
     "StateDonor",
     "StateManifest",
     "ask_manifest",
+    "choose_root",
     "describe",
     "fetch_state",
 ]
@@ -72,8 +75,16 @@ Snapshot = Callable[[], Awaitable[tuple[int, bytes]]]
 """``await snapshot()`` -> ``(step, blob)``: the owner's state at one consistent moment."""
 
 
+Admitted = Callable[[bytes], bool]
+"""``admitted(peer_id)``: whether a peer holds this run's admission credential (issue 17)."""
+
+
 class NoNewerState(PullError):
     """The donors offer states, but none newer than the step the caller already holds."""
+
+
+class NoQuorum(PullError):
+    """No state is offered by a quorum of distinct admitted donors: nothing is adopted (retry)."""
 
 
 def _retrieve(fut: asyncio.Future[None]) -> None:
@@ -221,29 +232,37 @@ async def fetch_state(
     max_size: int = 16 * 2**30,
     progress: Progress | None = None,
     newer_than: int | None = None,
+    quorum: int = 2,
+    admitted: Admitted | None = None,
+    max_step: int | None = None,
 ) -> tuple[StateManifest, bytes]:
-    """Fetch the newest state the ``donors`` agree on; returns its manifest and the blob.
+    """Fetch the state a quorum of the ``donors`` agree on (:func:`choose_root`); returns its
+    manifest and the blob.
 
-    With ``newer_than``, only the manifests are asked for when no donor offers a step above it
-    (``NoNewerState``): nothing is downloaded for a state the caller would not adopt.
+    Only distinct donors that ``admitted`` accepts (all, without it) are asked; the root needs
+    ``min(quorum, donors asked)`` of them; an offer past ``max_step`` (the newest step the swarm
+    is known to have reached) does not count. With ``newer_than``, only the manifests are asked
+    for when the agreed state is not above it (``NoNewerState``): nothing is downloaded for a
+    state the caller would not adopt.
 
-    Raises: NoNewerState, PullError (no donor offers a state, or a chunk no donor could deliver),
-    PullTimeout (``timeout`` passed; verified chunks stay in ``cache_dir`` for a resume).
+    Raises: NoNewerState, NoQuorum (no root has a quorum: retry later), PullError (no donor
+    offers a state, or a chunk no donor could deliver), PullTimeout (``timeout`` passed;
+    verified chunks stay in ``cache_dir`` for a resume).
     """
     deadline = time.monotonic() + timeout
-    asked = await asyncio.gather(*(ask_manifest(swarm, d, min(30.0, timeout)) for d in donors))
+    unique = list({d.to_bytes(): d for d in donors}.values())  # one vote per peer id
+    if admitted is not None:
+        unique = [d for d in unique if admitted(d.to_bytes())]
+    asked = await asyncio.gather(*(ask_manifest(swarm, d, min(30.0, timeout)) for d in unique))
     offers = [m for m in asked if m is not None and m.size <= max_size]
     if not offers:
         raise PullError(f"none of {len(donors)} donor(s) offered a state")
-    newest = max(m.step for m in offers)
-    if newer_than is not None and newest <= newer_than:
+    manifest = choose_root(offers, quorum=min(quorum, len(unique)), max_step=max_step)
+    if newer_than is not None and manifest.step <= newer_than:
         raise NoNewerState(
-            f"the newest state {len(offers)} donor(s) offer is at step {newest} <= {newer_than}"
+            f"the state {len(offers)} donor(s) agree on is at step {manifest.step} <= {newer_than}"
         )
-    votes = Counter(m.root for m in offers if m.step == newest)
-    root = min(votes, key=lambda r: (-votes[r], r[1]))  # ties: smallest sha, the same on every node
-    manifest = next(m for m in offers if m.root == root)
-    sources = [PeerID(m.peer_id) for m in offers if m.root == root and m.chunks == manifest.chunks]
+    sources = [PeerID(m.peer_id) for m in offers if m.root == manifest.root and m.chunks == manifest.chunks]
     cache = Path(cache_dir) if cache_dir is not None else None
     chunks = _load_cached(cache, manifest)
     done = sum(len(c) for c in chunks.values())
@@ -292,6 +311,28 @@ async def fetch_state(
     if hashlib.sha256(blob).digest() != manifest.sha256:
         raise Rejected(RejectCode.MALFORMED, "state sha256 differs from the manifest")
     return manifest, blob
+
+
+def choose_root(
+    offers: Sequence[StateManifest], *, quorum: int, max_step: int | None = None
+) -> StateManifest:
+    """The manifest of the root (step, sha256) that most distinct donors offer, if at least
+    ``quorum`` of them do (ties: the newer step, then the smaller sha, the same on every node).
+
+    One vote per signer; offers past ``max_step`` are void. The newest step alone decides
+    nothing, so a donor lying about its step (or serving a state of its own) is outvoted by
+    any honest quorum. Raises NoQuorum. Cost: O(offers).
+    """
+    by_peer = {m.peer_id: m for m in offers if max_step is None or m.step <= max_step}
+    votes = Counter(m.root for m in by_peer.values())
+    if not votes:
+        raise NoQuorum(f"none of {len(offers)} state offer(s) is at or below step {max_step}")
+    root = min(votes, key=lambda r: (-votes[r], -r[0], r[1]))
+    if votes[root] < max(1, quorum):
+        raise NoQuorum(
+            f"the best-backed state (step {root[0]}) has {votes[root]} of the {max(1, quorum)} donors needed"
+        )
+    return next(m for m in by_peer.values() if m.root == root)
 
 
 def _load_cached(cache: Path | None, manifest: StateManifest) -> dict[int, bytes]:

@@ -217,7 +217,10 @@ class Node:
                 StateDonor.create(self.swarm), CALL_S, "state donor", ExitCode.NETWORK
             )
             self.board = await deadline(
-                DigestBoard.create(self.swarm.host), CALL_S, "digest board", ExitCode.NETWORK
+                DigestBoard.create(self.swarm.host, identity, self.swarm.run_id),
+                CALL_S,
+                "digest board",
+                ExitCode.NETWORK,
             )
             return await self.swarm.host.maddrs()
         except SwarmError as e:
@@ -267,6 +270,7 @@ class Node:
         catchup = CatchUp(
             self.swarm, self.core, self.donor, self.board, replica, status,
             count_drift=lambda result: metrics.drift.labels(result).inc(), stop=self.stop_requested,
+            quorum=cfg.train.state_quorum,
         )  # fmt: skip
         dtype = self.run_info["data"]["dtype"]
         shards = Shards(self.client, cfg.coordinator, cfg.data_path / "shards", dtype, built.feed, status)

@@ -16,7 +16,8 @@ from distronet.node.catchup.digests import DigestBoard
 from distronet.node.catchup.replay import Replayed
 from distronet.node.catchup.replica import Replica
 from distronet.node.catchup.resync import VERIFY_STEPS, CatchUp, CatchUpError
-from distronet.node.catchup.statesync import NoNewerState
+from distronet.node.catchup.state import StateRefused
+from distronet.node.catchup.statesync import NoNewerState, NoQuorum
 from distronet.node.daemon.status import NodeStatus
 from distronet.node.exchange.swarm import FellBehind
 from distronet.protocol.errors import ConfigError
@@ -86,6 +87,7 @@ def _catch_up(monkeypatch: pytest.MonkeyPatch, net: _Net, step: int = 0) -> tupl
         return net.fetch
 
     monkeypatch.setattr(resync, "replay_rounds", replay_rounds)
+    monkeypatch.setattr(resync, "vouched_step", _async(None))  # no peer vouches: no bound
     monkeypatch.setattr(resync, "fetch_state", fetch_state)
     monkeypatch.setattr(state, "load_state_blob", load_state_blob)
     cu = CatchUp(
@@ -153,6 +155,19 @@ async def test_a_state_that_does_not_fit_fails_and_the_newcomer_tries_again(
     cu, replica, status = _catch_up(monkeypatch, net)
     await cu.join(timeout=10.0)
     assert len(net.fetched) == 2 and replica.step == 12 and status.resyncs == 1 and not cu.failed
+
+
+async def test_no_quorum_or_a_refused_state_adopts_nothing_and_the_newcomer_tries_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    net = _Net([None] * 50, fetch=NoQuorum("1 of the 2 donors needed"))
+    cu, replica, status = _catch_up(monkeypatch, net)
+    await cu.join(timeout=1.0)
+    assert len(net.fetched) >= 2 and replica.step == 0 and status.resyncs == 0 and cu.failed
+    net = _Net([None] * 50, fetch=12, loads=[StateRefused("NaN")] * 50)
+    cu, replica, status = _catch_up(monkeypatch, net)
+    await cu.join(timeout=1.0)
+    assert len(net.fetched) >= 2 and replica.step == 0 and status.resyncs == 0 and cu.failed
 
 
 async def test_a_failed_round_without_a_newer_state_raises_catch_up_error(

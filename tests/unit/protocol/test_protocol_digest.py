@@ -7,6 +7,8 @@ import struct
 import pytest
 
 from distronet.protocol.digest import (
+    DIGEST_ANSWER_BYTES,
+    DIGEST_PROTOCOL,
     DIGEST_REQUEST_BYTES,
     DIGEST_STATUS_MEANING,
     DigestStatus,
@@ -14,9 +16,11 @@ from distronet.protocol.digest import (
     decode_digest_status,
     encode_digest_answer,
     encode_digest_request,
+    open_digest_answer,
 )
 from distronet.protocol.errors import RejectCode, Rejected
 from distronet.protocol.framing import EncodeError
+from distronet.protocol.identity import Identity
 from distronet.protocol.limits import DEFAULT_LIMITS
 
 
@@ -41,11 +45,39 @@ def test_a_bad_request_is_rejected(wire: bytes, code: RejectCode) -> None:
     assert e.value.code == code
 
 
-def test_answers_round_trip() -> None:
-    found = encode_digest_answer(b"d" * 32)
-    assert decode_digest_status(found[:1]) is DigestStatus.FOUND and found[1:] == b"d" * 32
-    assert encode_digest_answer(None) == b"\x01"
+ME = Identity.from_seed(b"m" * 32)
+OTHER = Identity.from_seed(b"o" * 32)
+
+
+def test_answers_round_trip_signed() -> None:
+    found = encode_digest_answer(b"d" * 32, identity=ME, run="r", step=7)
+    assert DIGEST_PROTOCOL == "/distronet/digest/2" and len(found) == 1 + DIGEST_ANSWER_BYTES
+    assert decode_digest_status(found[:1]) is DigestStatus.FOUND and found[1:33] == b"d" * 32
+    assert open_digest_answer(found[1:], sender=ME.peer_id, run="r", step=7) == b"d" * 32
+    assert encode_digest_answer(None, identity=ME, run="r", step=7) == b"\x01"
+    assert encode_digest_answer(b"d" * 32, identity=None, run="r", step=7) == b"\x01"
     assert decode_digest_status(b"\x01") is DigestStatus.UNKNOWN
+
+
+@pytest.mark.parametrize(
+    ("sender", "run", "step", "body", "code"),
+    [
+        (OTHER.peer_id, "r", 7, None, RejectCode.BAD_SIGNATURE),  # signed by another peer
+        (ME.peer_id, "other-run", 7, None, RejectCode.BAD_SIGNATURE),  # replayed into another run
+        (ME.peer_id, "r", 8, None, RejectCode.BAD_SIGNATURE),  # replayed for another step
+        (ME.peer_id, "r", 7, b"d" * 32 + bytes(64), RejectCode.BAD_SIGNATURE),  # unsigned (v1-like + zeros)
+        (ME.peer_id, "r", 7, b"e" + b"d" * 31 + b"s" * 64, RejectCode.BAD_SIGNATURE),  # forged digest
+        (ME.peer_id, "r", 7, b"d" * 32, RejectCode.TRUNCATED),  # a v1 answer: no signature
+    ],
+)
+def test_an_unsigned_or_forged_digest_is_refused(
+    sender: bytes, run: str, step: int, body: bytes | None, code: RejectCode
+) -> None:
+    if body is None:
+        body = encode_digest_answer(b"d" * 32, identity=ME, run="r", step=7)[1:]
+    with pytest.raises(Rejected) as e:
+        open_digest_answer(body, sender=sender, run=run, step=step)
+    assert e.value.code == code
 
 
 @pytest.mark.parametrize(("head", "code"), [(b"", RejectCode.TRUNCATED), (b"\x02", RejectCode.MALFORMED)])
@@ -59,5 +91,5 @@ def test_encoding_refuses_bad_values() -> None:
     with pytest.raises(EncodeError):
         encode_digest_request(-1)
     with pytest.raises(EncodeError):
-        encode_digest_answer(b"short")
+        encode_digest_answer(b"short", identity=ME, run="r", step=0)
     assert set(DIGEST_STATUS_MEANING) == set(DigestStatus)

@@ -107,6 +107,8 @@ def test_stream_vectors_are_in_the_spec() -> None:
         manifest_ask.encode_ask(manifest_ask.AskKind.DECIDED, 42),
         manifest_ask.encode_ask(manifest_ask.AskKind.NEWEST),
         digest.encode_digest_request(42),
+        digest.digest_signing_bytes("demo", 42, b"\x07" * 32),
+        digest.encode_digest_answer(b"\x07" * 32, identity=me, run="demo", step=42),
         state.state_signing_bytes("demo", 42, 3, man.sha256, 2, chunks),
         wire,
     )

@@ -4,10 +4,11 @@
 
 Makes the tensors once (the default GPT's momentum after 30 DeMo-style steps, computed on one
 thread so the bits are reproducible, and the 4096 x 4096 matrix) and saves them as one ``.npz``
-(read back with ``allow_pickle=False``) in ``WORK_DIR``. Then runs ``RUNS`` (default 5) rounds; each round measures ``OLD_TREE`` and then
-this tree (or this tree first in odd rounds), each in a fresh process with that tree first on
-``PYTHONPATH``, with that tree's own ``codec_run.measure`` (3 repeats, 9 decode samples, as
-``bench codec``) over those same tensors. Both trees get the same ``GOMP_SPINCOUNT``.
+(read back with ``allow_pickle=False``) in ``WORK_DIR``. Then runs ``RUNS`` (default 5) rounds:
+each measures ``OLD_TREE`` and this tree (old first in even rounds, new first in odd ones), each
+in a fresh process with that tree first on ``PYTHONPATH``, with that tree's own
+``codec_run.measure`` (3 repeats, 9 decode samples, as ``bench codec``) over the same tensors.
+Both trees get the same ``GOMP_SPINCOUNT``.
 
 Prints, per row (tensor set, k, value/index coding): the median over rounds of encode, decode
 and 16-packet decode ms for old and new, new/old, and the bits per coefficient of each (equal

@@ -44,6 +44,15 @@ class CoordinatorConfig:
     # few hundred objects alive until its commit), which promoted them and set off full
     # collections that stalled the loop; 0 keeps Python's defaults. Only `serve` applies it.
     gc_threshold: int = 20_000
+    # Membership credentials (docs/protocol.md section 16): the coordinator signs them with the
+    # Ed25519 key in this file (default <data_dir>/coordinator.key, made on first start; keep it:
+    # its peer id is every run's `coordinator_key`), valid this long and renewed by heartbeats.
+    signing_key: str = ""
+    credential_ttl_s: float = 600.0
+    credentials: bool = True  # False: no key, no credentials: swarms of these runs admit anyone
+
+    def signing_key_path(self) -> Path:
+        return Path(self.signing_key) if self.signing_key else Path(self.data_dir) / "coordinator.key"
 
     def db_url(self) -> str:
         return self.db or f"sqlite:///{Path(self.data_dir).resolve() / 'coordinator.db'}"

@@ -18,7 +18,7 @@ from distronet.node.swarm.control import peer_id
 from distronet.node.swarm.servicer import StreamServicer
 from distronet.protocol.errors import RejectCode, Rejected
 from distronet.protocol.identity import peer_id_to_b58
-from distronet.protocol.manifest import RoundManifest, encode_manifest, leader_rank
+from distronet.protocol.manifest import RoundManifest, encode_manifest
 
 if TYPE_CHECKING:
     from distronet.node.swarm.stack import Swarm
@@ -42,6 +42,9 @@ class ManifestAsks:
     def _round(self, step: int, *, local: bool) -> RoundState | None:
         raise NotImplementedError
 
+    def _rank(self, step: int, peer: bytes) -> bytes:
+        raise NotImplementedError
+
     def _open_manifest(self, data: bytes) -> RoundManifest:
         raise NotImplementedError
 
@@ -53,8 +56,8 @@ class ManifestAsks:
 
     async def _ask_better(self, step: int, state: RoundState, ranked: list[bytes], tries: int = 3) -> None:
         """Pull the manifest straight from up to ``tries`` producers ranked above the best we hold."""
-        best = min((m.rank for m in state.manifests.values()), default=None)
-        better = [p for p in ranked if p != self.peer_id and (best is None or leader_rank(step, p) < best)]
+        best = min((self._rank(step, m.leader) for m in state.manifests.values()), default=None)
+        better = [p for p in ranked if p != self.peer_id and (best is None or self._rank(step, p) < best)]
         for peer in better[:tries]:
             got = await self._ask_manifest(step, peer, min(2.0, 4 * self.config.manifest_grace_s))
             if got and peer in state.manifests:

@@ -19,7 +19,7 @@ Body (a msgpack map inside a raw ``MessageKind.ANNOUNCEMENT`` frame)::
                         the swarm's state a few steps ago); replicas leave its packet out of the
                         accepted set (the packet is masked) but count the producer as live
     "cred"   bin        OPTIONAL: the producer's membership credential (protocol/credential.py,
-                        docs/protocol.md section 16), 133..196 bytes. Not covered by "sig": the
+                        docs/protocol.md section 16), 141..204 bytes. Not covered by "sig": the
                         credential is signed by the coordinator and names the producer itself.
                         Replicas of a run whose coordinator has a key drop announcements
                         without a valid one (NOT_ADMITTED).

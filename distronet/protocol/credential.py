@@ -12,7 +12,7 @@ Fixed binary layout, integers big-endian::
 coordinator derives from its secret key, the run and the peer: the same in every credential it
 issues that peer for that run, unknown to the peer before it is admitted. The leader ranking is
 computed from it (docs/decisions/leader-rank.md). The signature covers ``CREDENTIAL_DOMAIN``
-followed by every byte before the signature. Between 133 and 196 bytes.
+followed by every byte before the signature. Between 141 and 204 bytes.
 """
 
 from __future__ import annotations

@@ -108,7 +108,7 @@ class CoordinatorApp:
     async def start(self) -> None:
         """Open and migrate the store, rebuild memory from it, start the writer and the sweeper."""
         await self.store.open()
-        if self.cfg.credentials:
+        if self.cfg.credential_ttl_s > 0:
             self.svc.set_signer(load_signing_key(self.cfg.signing_key_path()), self.cfg.credential_ttl_s)
         self.svc.restore(await self.store.load())
         self.freeze_heap()

@@ -43,7 +43,9 @@ def credential(peer: bytes, signer: Identity = COORD) -> bytes:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def peers(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[list[tuple[Swarm, AsyncSwarmExchange]]]:
+async def peers(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[list[tuple[Swarm, AsyncSwarmExchange]]]:
     async with trio(tmp_path_factory.mktemp("admit"), RUN, CONFIG) as out:
         (a, xa), (b, xb), (c, xc) = out
         for swarm, ex in ((a, xa), (b, xb)):

@@ -87,3 +87,18 @@ def test_an_open_registry_admits_anyone_and_ranks_by_the_old_formula() -> None:
     adm = Admission("demo", None)
     assert not adm.enforced and adm.admits(PEER.peer_id) and adm.offer(b"junk") is None
     assert adm.ticket(PEER.peer_id) is None
+
+
+def test_the_spec_vector() -> None:
+    import re
+    from pathlib import Path
+
+    from distronet.protocol.manifest import leader_rank
+
+    doc = re.sub(r"\s+", "", (Path(__file__).resolve().parents[3] / "docs" / "protocol.md").read_text())
+    coord = Identity.from_seed(bytes(range(32)))
+    ticket = credential_ticket(b"secret", "demo", PEER.peer_id)
+    raw = seal_credential(coord, "demo", PEER.peer_id, issued_at=T0, lifetime_s=600, ticket=ticket)
+    for blob in (ticket, raw, leader_rank(42, PEER.peer_id, ticket)):
+        assert blob.hex() in doc
+    assert open_credential(raw, run_id="demo", coordinator_key=coord.peer_id, now=T0).ticket == ticket

@@ -108,3 +108,24 @@ async def test_an_announcement_without_a_credential_is_not_admitted(
 
     await eventually(refused, 10.0, "A to refuse an announcement without a credential")
     assert 4 not in xa._rounds or b.identity.peer_id not in xa._rounds[4].announced
+
+
+async def test_membership_records_carry_credentials_so_donors_are_known_before_announcing(
+    peers: list[tuple[Swarm, AsyncSwarmExchange]],
+) -> None:
+    (a, xa), (b, _), (c, xc) = peers
+    a.membership.credential = xa.credential
+    c.membership.credential = xc.credential  # signed by another key than the run's coordinator
+    await a.membership.announce()
+    await c.membership.announce()
+    fresh = Admission(RUN, COORD.peer_id)  # as a replica that has heard no announcement yet
+    b.membership.on_members = fresh.learn_members
+
+    async def a_known() -> bool:
+        await b.membership.members()
+        return fresh.admits(a.identity.peer_id)
+
+    await eventually(a_known, 10.0, "B to learn A's credential from A's membership record")
+    found = await b.membership.members()
+    assert found[c.identity.peer_id_b58].credential == xc.credential  # carried, but it does not verify
+    assert not fresh.admits(c.identity.peer_id) and fresh.admitted() == [a.identity.peer_id]

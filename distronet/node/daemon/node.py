@@ -213,6 +213,8 @@ class Node:
         if raw is None or self.core is None:
             return
         self.core.credential = raw
+        if self.swarm is not None:
+            self.swarm.membership.credential = raw  # written at the record's next renewal
         try:
             self.admission.offer(raw)
         except Rejected as e:
@@ -229,6 +231,7 @@ class Node:
             self._take_credential(self.client.credential if self.client is not None else None)
             if self.client is not None:
                 self.client.on_credential = self._take_credential
+            self.swarm.membership.on_members = self.admission.learn_members
             self.donor = await deadline(
                 StateDonor.create(self.swarm), CALL_S, "state donor", ExitCode.NETWORK
             )

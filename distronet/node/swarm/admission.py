@@ -10,14 +10,21 @@ False — the daemon chooses that explicitly (node config ``require_admission``)
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from distronet.protocol.credential import Credential, open_credential
 from distronet.protocol.errors import RejectCode, Rejected
 from distronet.protocol.limits import DEFAULT_LIMITS, Limits
 
+if TYPE_CHECKING:
+    from distronet.node.swarm.membership import Member
+
 __all__ = ["Admission"]
+
+log = logging.getLogger(__name__)
 
 
 class Admission:
@@ -77,6 +84,21 @@ class Admission:
         if held is None or held.not_after < cred.not_after:
             self._by_peer[cred.peer_id] = cred
         return cred
+
+    def learn_members(self, members: Mapping[str, Member]) -> int:
+        """Offer the credentials the run's membership records carry (``Membership.on_members``),
+        so donors and leaders are known before they announce. Returns how many verify; a bad
+        one is skipped (logged at debug)."""
+        ok = 0
+        for member in members.values():
+            if member.credential is None or self.coordinator_key is None:
+                continue
+            try:
+                self.offer(member.credential, member.peer_id.to_bytes())
+                ok += 1
+            except Rejected as e:
+                log.debug("membership record of %s: %s", member.peer_id_b58, e)
+        return ok
 
     def _room(self, now: float) -> None:
         if len(self._seen) < 2 * self.max_peers and len(self._by_peer) < self.max_peers:

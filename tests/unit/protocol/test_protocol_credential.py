@@ -102,3 +102,14 @@ def test_the_spec_vector() -> None:
     for blob in (ticket, raw, leader_rank(42, PEER.peer_id, ticket)):
         assert blob.hex() in doc
     assert open_credential(raw, run_id="demo", coordinator_key=coord.peer_id, now=T0).ticket == ticket
+
+
+def test_membership_maps_carry_a_credential_only_when_well_sized() -> None:
+    from distronet.protocol.membership import member_credential, member_maddrs, member_value
+
+    value = member_value(["/ip4/127.0.0.1/tcp/1"], cred())
+    assert member_credential(value) == cred() and member_maddrs(value) == ("/ip4/127.0.0.1/tcp/1",)
+    assert member_credential(member_value(["/ip4/127.0.0.1/tcp/1"])) is None
+    assert member_credential(member_value(None)) is None
+    assert member_credential({"v": 1, "maddrs": [], "cred": b"x" * 10}) is None
+    assert member_credential({"v": 1, "maddrs": [], "cred": "text"}) is None

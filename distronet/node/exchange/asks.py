@@ -21,6 +21,7 @@ from distronet.protocol.identity import peer_id_to_b58
 from distronet.protocol.manifest import RoundManifest, encode_manifest
 
 if TYPE_CHECKING:
+    from distronet.node.swarm.admission import Admission
     from distronet.node.swarm.stack import Swarm
 
 __all__ = ["ManifestAsks"]
@@ -31,6 +32,7 @@ class ManifestAsks:
 
     swarm: Swarm
     config: ExchangeConfig
+    admission: Admission
     rejected: Counter[RejectCode]
     _rounds: dict[int, RoundState]
     _newest: int
@@ -103,6 +105,8 @@ class ManifestAsks:
         if held is not None and held.decided is not None:
             return held.decided
         for peer in sources:
+            if not self.admission.admits(peer):  # a round replayed only from admitted peers
+                continue
             data = await request_decided(self.swarm.host.control_path, peer_id(peer), step, timeout)
             if data == GONE:
                 raise RoundUnavailable(f"step {step} is older than {peer_id_to_b58(peer)}'s window")
@@ -114,6 +118,9 @@ class ManifestAsks:
                 man = self._open_manifest(data)
             except Rejected as e:
                 self.rejected[e.code] += 1
+                continue
+            if not self.admission.admits(man.leader):
+                self.rejected[RejectCode.NOT_ADMITTED] += 1
                 continue
             if man.step == step:  # only now the round opens here: a probe at the tip opens none,
                 state = self._round(step, local=True)  # whose deadline would then run from now

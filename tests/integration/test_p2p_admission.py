@@ -17,7 +17,7 @@ import pytest_asyncio
 from p2p_trio import eventually, trio
 
 from distronet.node.exchange.base import Round
-from distronet.node.exchange.swarm import AsyncSwarmExchange, ExchangeConfig, manifest_topic
+from distronet.node.exchange.swarm import AsyncSwarmExchange, ExchangeConfig, manifest_topic, packet_check
 from distronet.node.swarm.admission import Admission
 from distronet.node.swarm.stack import Swarm
 from distronet.protocol.announce import seal_announcement
@@ -129,3 +129,21 @@ async def test_membership_records_carry_credentials_so_donors_are_known_before_a
     found = await b.membership.members()
     assert found[c.identity.peer_id_b58].credential == xc.credential  # carried, but it does not verify
     assert not fresh.admits(c.identity.peer_id) and fresh.admitted() == [a.identity.peer_id]
+
+
+async def test_a_leader_lists_only_frames_that_open_as_the_producers_packet(
+    peers: list[tuple[Swarm, AsyncSwarmExchange]],
+) -> None:
+    (a, xa), (b, xb), _ = peers
+    for ex in (xa, xb):
+        ex.frame_check = packet_check(RUN, DIGEST)
+    step = 6
+    bogus = b"\x00" * 20_000  # announced and signed by B, admitted, but no packet at all
+    await xa.publish(step, packet(a, step))
+    await xb.publish(step, bogus)
+
+    async def refused() -> bool:
+        return xa.frames_refused >= 1
+
+    await eventually(refused, 10.0, "A to pull B's frame and refuse it")
+    assert b.identity.peer_id not in xa._rounds[step].frames

@@ -64,6 +64,15 @@ A replica left with nobody at all (every source unreachable, no peer in the anno
 the others died together) does the same and trains on alone, as it does in the rounds after
 ("Hearing nobody": it knows nobody). One that was only cut off for that long does so too.
 
+**Admission.** In a run whose coordinator publishes a key, ``admission`` (``swarm.admission``)
+is enforced: an announcement without a valid credential of its producer is dropped
+(``NOT_ADMITTED``: never pulled, never listed; its producer is neither ranked nor waited for);
+a manifest is adopted only from an admitted leader, and not when it lists a producer refused
+here; frames are pulled (and rounds replayed) only from admitted peers; leaders rank by the
+coordinator's ticket (``_rank``, docs/decisions/leader-rank.md). A leader lists a pulled frame
+only when ``frame_check`` (the daemon's: ``packet_check``) accepts it. With ``admission`` open
+(no key: tests, local runs) everything is as before.
+
 ``exchange_sync.SwarmExchange`` wraps this async core in the synchronous ``Exchange`` interface.
 """
 
@@ -102,6 +111,7 @@ from distronet.node.swarm.stack import Swarm
 from distronet.protocol.announce import Announcement, open_announcement, seal_announcement
 from distronet.protocol.errors import RejectCode, Rejected
 from distronet.protocol.identity import peer_id_to_b58
+from distronet.protocol.limits import DEFAULT_LIMITS, Limits
 from distronet.protocol.manifest import (
     Entry,
     RoundManifest,
@@ -110,14 +120,36 @@ from distronet.protocol.manifest import (
     open_manifest,
     seal_manifest,
 )
+from distronet.protocol.packet import open_packet
 
 __all__ = [
     "MANIFEST_PULL_PROTOCOL",
     "AsyncSwarmExchange",
     "ExchangeConfig",
     "FellBehind",
+    "FrameCheck",
     "manifest_topic",
+    "packet_check",
 ]
+
+FrameCheck = Callable[[int, bytes, bytes], bool]
+"""``(step, producer, frame) -> ok``: whether a pulled frame is a valid packet of that producer
+for that step; run in a worker thread before the frame may be listed in a manifest we lead."""
+
+
+def packet_check(run_id: str, layout: bytes, limits: Limits = DEFAULT_LIMITS) -> FrameCheck:
+    """The daemon's ``FrameCheck``: ``open_packet`` accepts the frame (signature, run, layout),
+    and it is signed by the producer for the step. Cost: as ``open_packet`` (one Ed25519 verify)."""
+
+    def check(step: int, producer: bytes, frame: bytes) -> bool:
+        try:
+            pkt = open_packet(frame, run_id=run_id, layout_digest=layout, limits=limits)
+        except Rejected:
+            return False
+        return pkt.peer_id == producer and pkt.step == step
+
+    return check
+
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +163,8 @@ class AsyncSwarmExchange(ManifestAsks):
         self.swarm, self.config, self._manifest_gossip = swarm, config, manifests
         self.admission = admission or Admission(swarm.run_id, None)  # None: open (module doc)
         self.credential: bytes | None = None  # ours, attached to our announcements (daemon sets it)
+        self.frame_check: FrameCheck | None = None  # None: frames are listed as pulled (tests)
+        self.frames_refused = 0  # pulled frames the check refused: never listed by us
         self._not_admitted: dict[int, set[bytes]] = {}  # step -> producers refused as not admitted
         self._stats = ExchangeStats()
         self._rounds: dict[int, RoundState] = {}
@@ -376,6 +410,11 @@ class AsyncSwarmExchange(ManifestAsks):
             log.info("pull of step %d from %s failed: %s", ann.step, ann.peer_id_b58, e)
             return
         self._stats.count_down(len(frame))
+        check = self.frame_check
+        if check is not None and not await asyncio.to_thread(check, ann.step, ann.peer_id, frame):
+            self.frames_refused += 1  # a valid announcement of an invalid packet: never listed
+            log.info("step %d: the frame of %s is not a valid packet of it", ann.step, ann.peer_id_b58)
+            return
         if not state.frozen:
             state.frames[ann.peer_id] = (ann.packet_sha256, frame)
 

@@ -44,7 +44,7 @@ from distronet.coordinator.groupcommit import GroupCommitter
 from distronet.coordinator.metrics import Metrics
 from distronet.coordinator.openapi import build_openapi
 from distronet.coordinator.routes import JSON, ROUTES, Ctx, Route, Served, encode_json, parse_json
-from distronet.coordinator.service import Coordinator
+from distronet.coordinator.service import Coordinator, load_signing_key
 from distronet.coordinator.sessions import SessionTable
 from distronet.coordinator.store import Store, open_store
 from distronet.coordinator.trace import TRACE
@@ -108,6 +108,8 @@ class CoordinatorApp:
     async def start(self) -> None:
         """Open and migrate the store, rebuild memory from it, start the writer and the sweeper."""
         await self.store.open()
+        if self.cfg.credential_ttl_s > 0:
+            self.svc.set_signer(load_signing_key(self.cfg.signing_key_path()), self.cfg.credential_ttl_s)
         self.svc.restore(await self.store.load())
         self.freeze_heap()
         self.started_ms = int(self.clock() * 1000)

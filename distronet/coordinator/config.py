@@ -44,6 +44,20 @@ class CoordinatorConfig:
     # few hundred objects alive until its commit), which promoted them and set off full
     # collections that stalled the loop; 0 keeps Python's defaults. Only `serve` applies it.
     gc_threshold: int = 20_000
+    # Membership credentials (docs/protocol.md section 16): the coordinator signs them with the
+    # Ed25519 key in this file (default: coordinator.key beside a SQLite database, else in
+    # data_dir; made on first start; keep it: its peer id is every run's `coordinator_key`),
+    # valid credential_ttl_s and renewed by heartbeats (keep it well over heartbeat_interval_s).
+    # credential_ttl_s = 0: no key, no credentials, no coordinator_key: the swarms admit anyone.
+    signing_key: str = ""
+    credential_ttl_s: float = 600.0
+
+    def signing_key_path(self) -> Path:
+        if self.signing_key:
+            return Path(self.signing_key)
+        url = self.db_url()
+        folder = Path(url.removeprefix("sqlite:///")).parent if url.startswith("sqlite:///") else None
+        return (folder or Path(self.data_dir)) / "coordinator.key"
 
     def db_url(self) -> str:
         return self.db or f"sqlite:///{Path(self.data_dir).resolve() / 'coordinator.db'}"

@@ -123,6 +123,8 @@ def _answer(status: int, payload: bytes, extra: bytes) -> bytes:
 
 
 _HEARTBEAT_KEYS = frozenset(("renewed", "peers_live", "step"))
+_HEARTBEAT_CRED_KEYS = _HEARTBEAT_KEYS | {"credential"}  # with a membership credential (base64)
+_BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 _COMPLETE_KEYS = frozenset(("unit", "credited", "tokens"))
 
 
@@ -139,6 +141,10 @@ def _encode_answer(obj: Any) -> bytes:
             u, c, t = obj["unit"], obj["credited"], obj["tokens"]
             if type(u) is int and type(c) is bool and type(t) is int:
                 return b'{"unit":%d,"credited":%s,"tokens":%d}' % (u, b"true" if c else b"false", t)
+    elif type(obj) is dict and obj.keys() == _HEARTBEAT_CRED_KEYS:
+        r, p, s, c = obj["renewed"], obj["peers_live"], obj["step"], obj["credential"]
+        if type(r) is int and type(p) is int and type(s) is int and type(c) is str and _BASE64.fullmatch(c):
+            return b'{"renewed":%d,"peers_live":%d,"step":%d,"credential":"%s"}' % (r, p, s, c.encode())
     return encode_json(obj).encode()
 
 

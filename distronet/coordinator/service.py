@@ -8,10 +8,13 @@ committer and schedules its events after the commit. The HTTP layer then awaits
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import secrets
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from distronet.coordinator.events import EventBus
@@ -27,12 +30,24 @@ from distronet.protocol.coordinator_api import (
     join_message,
     receipt_message,
 )
+from distronet.protocol.credential import credential_ticket, seal_credential
 
-__all__ = ["Coordinator"]
+__all__ = ["Coordinator", "load_signing_key"]
 
 CHALLENGE_TTL = 120.0
 MAX_CHALLENGES = 100_000
 LOSS_EMIT_EVERY = 0.5
+
+
+def load_signing_key(path: Path) -> identity.Identity:
+    """The coordinator's credential key in ``path``, made (0600) when the file does not exist.
+    Raises IdentityError when it cannot be read or written."""
+    if path.exists():
+        return identity.Identity.load(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = identity.Identity.generate()
+    key.save(path)
+    return key
 
 
 class Coordinator:
@@ -49,6 +64,36 @@ class Coordinator:
             "leases_issued": 0, "leases_expired": 0, "shards_completed": 0, "receipts_accepted": 0,
             "receipts_rejected": 0, "joins": 0,
         }  # fmt: skip
+        self.signer: identity.Identity | None = None  # signs membership credentials when set
+        self.credential_ttl_s = 600.0
+        self._ticket_secret = b""
+        self._credentials: dict[tuple[str, str], tuple[str, float]] = {}  # (run, peer) -> (b64, renew at)
+
+    def set_signer(self, signer: identity.Identity, credential_ttl_s: float) -> None:
+        """Issue membership credentials signed by ``signer``, each valid ``credential_ttl_s``."""
+        self.signer, self.credential_ttl_s = signer, credential_ttl_s
+        self._ticket_secret = hashlib.sha256(b"distronet/ticket-secret\x00" + signer.to_bytes()).digest()
+        self._credentials.clear()
+
+    def credential(self, run: RunState, node: NodeRecord) -> str | None:
+        """A fresh credential (base64) for an active ``node``; None without a signer or for a
+        node that left or was evicted. Reissued once half its lifetime has passed, so most
+        heartbeats cost no signature."""
+        if self.signer is None or node.state in (LEFT, EVICTED):
+            return None
+        now = self.clock()
+        held = self._credentials.get((run.id, node.peer))
+        if held is not None and now < held[1]:
+            return held[0]
+        pid = identity.peer_id_from_b58(node.peer)
+        ttl = max(1, int(self.credential_ttl_s))
+        raw = seal_credential(
+            self.signer, run.id, pid, issued_at=int(now), lifetime_s=ttl,
+            ticket=credential_ticket(self._ticket_secret, run.id, pid),
+        )  # fmt: skip
+        b64 = base64.b64encode(raw).decode()
+        self._credentials[(run.id, node.peer)] = (b64, now + ttl / 2)
+        return b64
 
     # ---------------------------------------------------------------- restore
 
@@ -127,6 +172,7 @@ class Coordinator:
         if node is None:
             raise ApiError(ApiErrorCode.NOT_FOUND, f"no node {peer[:64]} in run {run.id}")
         node.state = EVICTED
+        self._credentials.pop((run.id, peer), None)
         self._release(run, node)
         self.committer.put("nodes", node.row(run.id))
         self._emit(run.id, "peer_evicted", peer_id=peer, reason=reason)
@@ -183,13 +229,17 @@ class Coordinator:
         self.committer.put("nodes", node.row(run.id))
         self.counters["joins"] += 1
         self._emit(run.id, "peer_joined", peer_id=peer, multiaddrs=node.multiaddrs)
-        return {
+        out = {
             "node": node.public(),
             "bootstrap_peers": self.bootstrap(run, exclude=peer),
             "run": self.run_public(run),
             "heartbeat_interval_s": run.heartbeat_interval,
             "max_leases": run.allowance(node, now),
         }
+        cred = self.credential(run, node)
+        if cred is not None:
+            out["credential"] = cred
+        return out
 
     def _use_token(self, run: RunState, token: str | None, now: float) -> None:
         if token is None:
@@ -323,7 +373,11 @@ class Coordinator:
                     run.id, "loss", step=run.max_step, loss=run.loss_sum / run.loss_n, reports=run.loss_n
                 )
                 run.loss_sum, run.loss_n, run.loss_last_emit = 0.0, 0, now
-        return {"renewed": renewed, "peers_live": run.live_count(now), "step": run.max_step}
+        out: dict[str, Any] = {"renewed": renewed, "peers_live": run.live_count(now), "step": run.max_step}
+        cred = self.credential(run, node)
+        if cred is not None:
+            out["credential"] = cred
+        return out
 
     def receipts(
         self, run: RunState, submitter: NodeRecord, receipts: list[dict[str, Any]]
@@ -384,6 +438,7 @@ class Coordinator:
 
     def leave(self, run: RunState, node: NodeRecord) -> dict[str, Any]:
         node.state = LEFT
+        self._credentials.pop((run.id, node.peer), None)
         released = self._release(run, node)
         self.committer.put("nodes", node.row(run.id))
         self._emit(run.id, "peer_left", peer_id=node.peer, reason="leave")
@@ -436,6 +491,7 @@ class Coordinator:
             "exchange": s["exchange"],
             "bandwidth": s["bandwidth"],
             "admission": s["admission"],
+            "coordinator_key": self.signer.peer_id_b58 if self.signer is not None else None,
             "heartbeat_interval_s": run.heartbeat_interval,
             "node_timeout_s": run.node_timeout,
             "data": {

@@ -141,6 +141,11 @@ class NodeConfig:
     coordinator: str = _f("", "the coordinator's base URL, e.g. http://coord.example:8470")
     data_dir: str = _f("~/.distro-node", "identity, checkpoints, shards and the status file live here")
     join_token: str = _f("", "join token from the run's operator (runs with token admission)")
+    require_admission: bool = _f(
+        True,
+        "when the run's coordinator publishes a credential key, accept packets, manifests and "
+        "pulls only from peers it admitted (off: admit any peer; logged at start)",
+    )
     shutdown_timeout_s: float = _f(
         25.0,
         "after SIGINT/SIGTERM, exit within this many seconds: the step in flight gets what is left "

@@ -18,9 +18,15 @@ Body (a msgpack map inside a raw ``MessageKind.ANNOUNCEMENT`` frame)::
     "warm"   true       OPTIONAL, present only when set: the producer is warming up (it adopted
                         the swarm's state a few steps ago); replicas leave its packet out of the
                         accepted set (the packet is masked) but count the producer as live
+    "cred"   bin        OPTIONAL: the producer's membership credential (protocol/credential.py,
+                        docs/protocol.md section 16), 141..204 bytes. Not covered by "sig": the
+                        credential is signed by the coordinator and names the producer itself.
+                        Replicas of a run whose coordinator has a key drop announcements
+                        without a valid one (NOT_ADMITTED).
 
 With these bounds the whole frame is at most ~820 bytes, under ``max_announcement_bytes`` (1024)
-by construction; a frame over that limit is refused (TOO_LARGE) before it is parsed.
+by construction (a credential adds up to ~200: with one, the address hints must leave room, or
+sealing raises EncodeError); a frame over that limit is refused (TOO_LARGE) before it is parsed.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from distronet.protocol.credential import MAX_CREDENTIAL_BYTES, MIN_CREDENTIAL_BYTES
 from distronet.protocol.errors import RejectCode, Rejected
 from distronet.protocol.framing import (
     EncodeError,
@@ -62,7 +69,7 @@ MAX_ADDRS = 4
 MAX_ADDR_BYTES_TOTAL = 512
 _ADDR = re.compile(r"/[\x21-\x7e]*")
 _KEYS = frozenset({"v", "run", "step", "peer", "sha", "size", "addrs", "sig"})
-_KEYS_WARM = _KEYS | {"warm"}
+_OPTIONAL = frozenset({"warm", "cred"})
 WARMUP_FLAG = 0x01
 
 
@@ -80,6 +87,8 @@ class Announcement:
     signature: bytes
     warmup: bool = False
     """The producer marks this packet as a warm-up packet: masked, never aggregated."""
+    credential: bytes | None = None
+    """The producer's membership credential as carried (unverified here: ``node.swarm.admission``)."""
 
     @property
     def peer_id_b58(self) -> str:
@@ -148,10 +157,12 @@ def seal_announcement(
     addrs: Sequence[str] = (),
     limits: Limits = DEFAULT_LIMITS,
     warmup: bool = False,
+    credential: bytes | None = None,
 ) -> bytes:
     """Sign an announcement of the sealed step-packet ``frame``; returns <= 1 KiB of frame bytes.
 
-    ``warmup`` marks the packet as a warm-up packet (the ``"warm"`` key; see the module doc).
+    ``warmup`` marks the packet as a warm-up packet (the ``"warm"`` key; see the module doc);
+    ``credential`` is attached as ``"cred"`` (its size is checked, its signature is not).
 
     Raises EncodeError on an invalid run id, step, empty or oversize frame, or address hints
     beyond the bounds in the module docstring.
@@ -183,6 +194,10 @@ def seal_announcement(
     }
     if warmup:
         body["warm"] = True
+    if credential is not None:
+        if not MIN_CREDENTIAL_BYTES <= len(credential) <= MAX_CREDENTIAL_BYTES:
+            raise EncodeError(f"credential of {len(credential)} bytes")
+        body["cred"] = credential
     out = encode_frame(MessageKind.ANNOUNCEMENT, body, compress=False)
     if len(out) > limits.max_announcement_bytes:
         raise EncodeError(f"announcement of {len(out)} bytes over {limits.max_announcement_bytes}")
@@ -209,7 +224,7 @@ def open_announcement(
     )
     version = ANNOUNCE_VERSION
     warm = "warm" in m
-    keys = _KEYS_WARM if warm else _KEYS
+    keys = _KEYS | (_OPTIONAL & m.keys())
     run, step, peer = take_signed_header(m, version=version, keys=keys, what="announcement", limits=limits)
 
     def reject(code: RejectCode, detail: str = "") -> Rejected:
@@ -218,6 +233,7 @@ def open_announcement(
     sha = take_bin(m, "sha", 32, 32)
     size = take_int(m, "size", 1, limits.max_frame_bytes)
     sig = take_bin(m, "sig", SIGNATURE_BYTES, SIGNATURE_BYTES)
+    cred = take_bin(m, "cred", MIN_CREDENTIAL_BYTES, MAX_CREDENTIAL_BYTES) if "cred" in m else None
     addrs = m["addrs"]
     if warm and m["warm"] is not True:
         raise reject(RejectCode.MALFORMED, "field 'warm' must be true when present")
@@ -230,4 +246,4 @@ def open_announcement(
     msg = announcement_signing_bytes(version, run, step, peer, sha, size, addrs, warm)
     if not verify(peer, msg, sig):
         raise reject(RejectCode.BAD_SIGNATURE)
-    return Announcement(version, run, step, peer, sha, size, tuple(addrs), sig, warm)
+    return Announcement(version, run, step, peer, sha, size, tuple(addrs), sig, warm, cred)

@@ -61,6 +61,7 @@ class RejectCode(enum.IntEnum):
     STALE_STEP = 13
     UNKNOWN_PEER = 14
     WRONG_PEER = 15
+    NOT_ADMITTED = 16
 
 
 REJECT_MEANING: dict[RejectCode, str] = {
@@ -79,6 +80,7 @@ REJECT_MEANING: dict[RejectCode, str] = {
     RejectCode.STALE_STEP: "the step is outside the window this node accepts",
     RejectCode.UNKNOWN_PEER: "the sender is not a member of the run",
     RejectCode.WRONG_PEER: "the peer id in the message differs from the connection's peer",
+    RejectCode.NOT_ADMITTED: "the sender shows no valid, unexpired credential of the run's coordinator",
 }
 
 

@@ -40,9 +40,16 @@ _KEYS = frozenset({"v", "run", "step", "leader", "entries", "sig"})
 Entry = tuple[bytes, bytes, int]  # producer peer id, sha256 of its frame, frame size
 
 
-def leader_rank(step: int, peer_id: bytes) -> bytes:
-    """Sort key of ``peer_id`` for leading ``step`` (lowest leads); rotates leaders per step."""
-    return hashlib.sha256(b"distronet/leader\x00" + struct.pack(">Q", step) + peer_id).digest()
+def leader_rank(step: int, peer_id: bytes, ticket: bytes | None = None) -> bytes:
+    """Sort key of ``peer_id`` for leading ``step`` (lowest leads); rotates leaders per step.
+
+    ``ticket`` is the peer's coordinator-issued ticket (``protocol.credential``) in a run that
+    admits by credential: the rank then depends on a value the peer cannot choose, so it cannot
+    grind a key that outranks honest leaders (docs/decisions/leader-rank.md). Without one
+    (runs without a coordinator key) the rank is the first version's."""
+    if ticket is None:
+        return hashlib.sha256(b"distronet/leader\x00" + struct.pack(">Q", step) + peer_id).digest()
+    return hashlib.sha256(b"distronet/leader/v2\x00" + ticket + struct.pack(">Q", step) + peer_id).digest()
 
 
 def may_lead(producers: set[bytes], warm: set[bytes], unheard: set[bytes]) -> set[bytes]:
@@ -63,6 +70,7 @@ class RoundManifest:
 
     @property
     def rank(self) -> bytes:
+        """The leader's rank in a run without admission (the exchange ranks with its ticket)."""
         return leader_rank(self.step, self.leader)
 
 

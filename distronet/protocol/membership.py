@@ -5,6 +5,7 @@ A node's presence in a run is one sub-record of hivemind's DHT under the key
 
     value   b"DNM1" | Ed25519 signature (64) | inner
     inner   msgpack map {"v": 1, "maddrs": [str, ...]}   or, leaving, {"v": 1, "left": true}
+            (a live record may add "cred": bin, the node's membership credential, section 16)
     signed  b"DNM1" | u32 len(key) | key | u32 len(subkey) | subkey | f64 expiration | inner
 
 where ``key`` is the DHT's id of the key string and ``subkey`` the msgpack str of the peer id,
@@ -21,6 +22,7 @@ from typing import Any
 
 import msgpack
 
+from distronet.protocol.credential import MAX_CREDENTIAL_BYTES, MIN_CREDENTIAL_BYTES
 from distronet.protocol.errors import RejectCode, Rejected
 from distronet.protocol.identity import SIGNATURE_BYTES, Identity, peer_id_from_b58, verify
 from distronet.protocol.limits import DEFAULT_LIMITS, Limits
@@ -28,6 +30,7 @@ from distronet.protocol.limits import DEFAULT_LIMITS, Limits
 __all__ = [
     "MEMBER_VERSION",
     "RECORD_MAGIC",
+    "member_credential",
     "member_maddrs",
     "member_value",
     "open_record_value",
@@ -84,9 +87,26 @@ def open_record_value(
     return inner
 
 
-def member_value(maddrs: list[str] | None) -> dict[str, Any]:
-    """The map a node stores: its multiaddrs, or (None) the tombstone of a node leaving."""
-    return {"v": MEMBER_VERSION, "left": True} if maddrs is None else {"v": MEMBER_VERSION, "maddrs": maddrs}
+def member_value(maddrs: list[str] | None, credential: bytes | None = None) -> dict[str, Any]:
+    """The map a node stores: its multiaddrs (and its credential, when it has one), or (None)
+    the tombstone of a node leaving."""
+    if maddrs is None:
+        return {"v": MEMBER_VERSION, "left": True}
+    out: dict[str, Any] = {"v": MEMBER_VERSION, "maddrs": maddrs}
+    if credential is not None:
+        out["cred"] = credential
+    return out
+
+
+def member_credential(value: object) -> bytes | None:
+    """The credential bytes a live record's map carries (unverified: ``node.swarm.admission``),
+    or None when it has none or one outside 141..204 bytes."""
+    if not isinstance(value, dict) or value.get("left"):
+        return None
+    cred = value.get("cred")
+    if not isinstance(cred, bytes) or not MIN_CREDENTIAL_BYTES <= len(cred) <= MAX_CREDENTIAL_BYTES:
+        return None
+    return cred
 
 
 def member_maddrs(value: object, *, limits: Limits = DEFAULT_LIMITS) -> tuple[str, ...] | None:

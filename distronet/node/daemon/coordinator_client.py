@@ -35,7 +35,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -172,7 +172,18 @@ class CoordinatorClient:
         self._skey_renew_at = 0.0  # monotonic time to open the next session
         self._sessions_off_until = 0.0  # monotonic; sign every call until then
         self._session_lock = asyncio.Lock()
+        self.credential: bytes | None = None  # the newest membership credential (protocol/credential.py)
+        self.on_credential: Callable[[bytes], None] | None = None  # called with each one received
         self._load_buffer()
+
+    def _take_credential(self, answer: Any) -> None:
+        """Keep the credential a join or heartbeat answer carries (it is verified where used)."""
+        cred = answer.get("credential") if isinstance(answer, dict) else None
+        if isinstance(cred, str) and len(cred) <= 512:
+            with contextlib.suppress(ValueError):
+                self.credential = base64.b64decode(cred, validate=True)
+                if self.on_credential is not None:
+                    self.on_credential(self.credential)
 
     async def __aenter__(self) -> CoordinatorClient:
         return self
@@ -332,6 +343,7 @@ class CoordinatorClient:
         if join_token is not None:
             body["join_token"] = join_token
         r = await self._call("POST", f"/runs/{self.run_id}/join", body)
+        self._take_credential(r)
         return JoinResult(
             r["node"], r["bootstrap_peers"], r["run"], r["heartbeat_interval_s"], r["max_leases"]
         )
@@ -394,7 +406,9 @@ class CoordinatorClient:
     async def _report(self, item: dict[str, Any]) -> dict[str, Any] | None:
         if not self._buffer:
             try:
-                return dict(await self._call("POST", item["path"], item["body"], signed=True))
+                answer = dict(await self._call("POST", item["path"], item["body"], signed=True))
+                self._take_credential(answer)
+                return answer
             except CoordinatorUnreachable as e:
                 log.info("coordinator unreachable, queueing %s: %s", item["kind"], e)
         self._enqueue(item)
@@ -422,7 +436,7 @@ class CoordinatorClient:
             while self._buffer:
                 item = self._buffer[0]
                 try:
-                    await self._call("POST", item["path"], item["body"], signed=True)
+                    self._take_credential(await self._call("POST", item["path"], item["body"], signed=True))
                     delivered += 1
                 except CoordinatorUnreachable:
                     break

@@ -67,9 +67,10 @@ from distronet.node.exchange.swarm import AsyncSwarmExchange, ExchangeConfig
 from distronet.node.exitcodes import ExitCode
 from distronet.node.models.spec import ModelSpec
 from distronet.node.optim.config import DistroConfig
+from distronet.node.swarm.admission import Admission
 from distronet.node.swarm.errors import SwarmError
 from distronet.node.swarm.stack import Swarm
-from distronet.protocol.errors import ConfigError
+from distronet.protocol.errors import ConfigError, Rejected
 from distronet.protocol.identity import Identity
 
 if TYPE_CHECKING:  # types only: backends import torch, which loads in the background (_backend)
@@ -128,6 +129,7 @@ class Node:
         self.status_file: StatusFile | None = None
         self.swarm: Swarm | None = None
         self.core: AsyncSwarmExchange | None = None
+        self.admission = Admission("-", None)  # who the swarm admits (parts.admission, at connect)
         self.donor: StateDonor | None = None
         self.board: DigestBoard | None = None  # our parameter digests of recent steps, for drift checks
         self.metrics = NodeMetrics()
@@ -206,13 +208,30 @@ class Node:
         self.run_info = run_info
         return spec, dcfg, xcfg, joined
 
+    def _take_credential(self, raw: bytes | None) -> None:
+        """Our newest credential: attached to our announcements, known to our admission registry."""
+        if raw is None or self.core is None:
+            return
+        self.core.credential = raw
+        if self.swarm is not None:
+            self.swarm.membership.credential = raw  # written at the record's next renewal
+        try:
+            self.admission.offer(raw)
+        except Rejected as e:
+            log.warning("the coordinator's credential for us does not verify: %s", e)
+
     async def _connect(
         self, identity: Identity, key_path: Path, boot: tuple[str, ...], xcfg: ExchangeConfig
     ) -> list[str]:
         """p2pd, the exchange, the state donor and the digest board; our dialable addresses."""
         try:
             self.swarm = await parts.start_swarm(self.cfg, self.cfg.run_id, identity, key_path, boot)
-            self.core = await AsyncSwarmExchange.create(self.swarm, xcfg)
+            self.admission = parts.admission(self.cfg, self.run_info)
+            self.core = await AsyncSwarmExchange.create(self.swarm, xcfg, self.admission)
+            self._take_credential(self.client.credential if self.client is not None else None)
+            if self.client is not None:
+                self.client.on_credential = self._take_credential
+            self.swarm.membership.on_members = self.admission.learn_members
             self.donor = await deadline(
                 StateDonor.create(self.swarm), CALL_S, "state donor", ExitCode.NETWORK
             )

@@ -32,13 +32,14 @@ from distronet.node.data.batch_share import draw_windows
 from distronet.node.data.order import BatchOrder
 from distronet.node.exchange.swarm import ExchangeConfig
 from distronet.node.optim.config import DistroConfig, preset
+from distronet.node.swarm.admission import Admission
 from distronet.node.swarm.budget import Bandwidth
 from distronet.node.swarm.errors import SwarmError
 from distronet.node.swarm.membership import MembershipConfig
 from distronet.node.swarm.p2p import SwarmConfig
 from distronet.node.swarm.stack import Swarm
 from distronet.protocol.errors import ConfigError
-from distronet.protocol.identity import Identity
+from distronet.protocol.identity import Identity, peer_id_from_b58
 
 __all__ = [
     "ShardFeed",
@@ -95,6 +96,24 @@ def exchange_config(table: dict[str, Any]) -> ExchangeConfig:
         raise ConfigError(f"run exchange: unknown key(s) {', '.join(bad)}")
     values: dict[str, Any] = {k: float(v) if k.endswith("_s") else int(v) for k, v in t.items()}
     return ExchangeConfig(**values)
+
+
+def admission(cfg: NodeConfig, run_info: dict[str, Any]) -> Admission:
+    """The swarm's admission registry: enforced when the run publishes a coordinator key and
+    ``cfg.require_admission`` is on (said in the log either way)."""
+    key_b58 = run_info.get("coordinator_key")
+    if not isinstance(key_b58, str):
+        log.warning("run %s has no coordinator key: the swarm admits any peer", cfg.run_id)
+        return Admission(cfg.run_id, None)
+    if not cfg.require_admission:
+        log.warning("require_admission is off: the swarm of run %s admits any peer", cfg.run_id)
+        return Admission(cfg.run_id, None)
+    try:
+        out = Admission(cfg.run_id, peer_id_from_b58(key_b58))
+    except ValueError as e:
+        raise ConfigError(f"the run's coordinator_key is not an Ed25519 peer id: {e}") from None
+    log.info("admission enforced: coordinator key %s", key_b58)
+    return out
 
 
 def bootstrap_addrs(peers: list[dict[str, Any]], own: str) -> tuple[str, ...]:

@@ -22,7 +22,7 @@ from distronet.node.daemon.checkpoint import Checkpoint, load_checkpoint, save_c
 from distronet.node.daemon.parts import ShardFeed, peer_index
 from distronet.node.daemon.trainer import BatchSource, Trainer
 from distronet.node.data.batch_share import SharedFeed
-from distronet.node.exchange.swarm import AsyncSwarmExchange
+from distronet.node.exchange.swarm import AsyncSwarmExchange, packet_check
 from distronet.node.exchange.sync import SwarmExchange
 from distronet.node.models.build import build_model
 from distronet.node.models.spec import ModelSpec
@@ -68,6 +68,7 @@ def build_training(
         return DistroOptimizer(model.named_parameters(), dcfg, exchange, identity)
 
     optimizer = fresh_optimizer()
+    core.frame_check = packet_check(cfg.run_id, optimizer.digest)  # we lead only with valid packets
     feed = ShardFeed(spec.seed, peer_index(identity.peer_id), spec.batch, spec.seq_len)
 
     def live() -> tuple[Sequence[bytes], bytes]:  # the last applied round's accepted peers, and us

@@ -18,9 +18,10 @@ from distronet.node.swarm.control import peer_id
 from distronet.node.swarm.servicer import StreamServicer
 from distronet.protocol.errors import RejectCode, Rejected
 from distronet.protocol.identity import peer_id_to_b58
-from distronet.protocol.manifest import RoundManifest, encode_manifest, leader_rank
+from distronet.protocol.manifest import RoundManifest, encode_manifest
 
 if TYPE_CHECKING:
+    from distronet.node.swarm.admission import Admission
     from distronet.node.swarm.stack import Swarm
 
 __all__ = ["ManifestAsks"]
@@ -31,6 +32,7 @@ class ManifestAsks:
 
     swarm: Swarm
     config: ExchangeConfig
+    admission: Admission
     rejected: Counter[RejectCode]
     _rounds: dict[int, RoundState]
     _newest: int
@@ -40,6 +42,9 @@ class ManifestAsks:
         raise NotImplementedError
 
     def _round(self, step: int, *, local: bool) -> RoundState | None:
+        raise NotImplementedError
+
+    def _rank(self, step: int, peer: bytes) -> bytes:
         raise NotImplementedError
 
     def _open_manifest(self, data: bytes) -> RoundManifest:
@@ -53,8 +58,8 @@ class ManifestAsks:
 
     async def _ask_better(self, step: int, state: RoundState, ranked: list[bytes], tries: int = 3) -> None:
         """Pull the manifest straight from up to ``tries`` producers ranked above the best we hold."""
-        best = min((m.rank for m in state.manifests.values()), default=None)
-        better = [p for p in ranked if p != self.peer_id and (best is None or leader_rank(step, p) < best)]
+        best = min((self._rank(step, m.leader) for m in state.manifests.values()), default=None)
+        better = [p for p in ranked if p != self.peer_id and (best is None or self._rank(step, p) < best)]
         for peer in better[:tries]:
             got = await self._ask_manifest(step, peer, min(2.0, 4 * self.config.manifest_grace_s))
             if got and peer in state.manifests:
@@ -100,6 +105,8 @@ class ManifestAsks:
         if held is not None and held.decided is not None:
             return held.decided
         for peer in sources:
+            if not self.admission.admits(peer):  # a round replayed only from admitted peers
+                continue
             data = await request_decided(self.swarm.host.control_path, peer_id(peer), step, timeout)
             if data == GONE:
                 raise RoundUnavailable(f"step {step} is older than {peer_id_to_b58(peer)}'s window")
@@ -111,6 +118,9 @@ class ManifestAsks:
                 man = self._open_manifest(data)
             except Rejected as e:
                 self.rejected[e.code] += 1
+                continue
+            if not self.admission.admits(man.leader):
+                self.rejected[RejectCode.NOT_ADMITTED] += 1
                 continue
             if man.step == step:  # only now the round opens here: a probe at the tip opens none,
                 state = self._round(step, local=True)  # whose deadline would then run from now

@@ -64,6 +64,15 @@ A replica left with nobody at all (every source unreachable, no peer in the anno
 the others died together) does the same and trains on alone, as it does in the rounds after
 ("Hearing nobody": it knows nobody). One that was only cut off for that long does so too.
 
+**Admission.** In a run whose coordinator publishes a key, ``admission`` (``swarm.admission``)
+is enforced: an announcement without a valid credential of its producer is dropped
+(``NOT_ADMITTED``: never pulled, never listed; its producer is neither ranked nor waited for);
+a manifest is adopted only from an admitted leader, and not when it lists a producer refused
+here; frames are pulled (and rounds replayed) only from admitted peers; leaders rank by the
+coordinator's ticket (``_rank``, docs/decisions/leader-rank.md). A leader lists a pulled frame
+only when ``frame_check`` (the daemon's: ``packet_check``) accepts it. With ``admission`` open
+(no key: tests, local runs) everything is as before.
+
 ``exchange_sync.SwarmExchange`` wraps this async core in the synchronous ``Exchange`` interface.
 """
 
@@ -92,6 +101,7 @@ from distronet.node.exchange.manifest_ask import (
     request_newest,
 )
 from distronet.node.exchange.types import ExchangeConfig, FellBehind, RoundState, manifest_topic
+from distronet.node.swarm.admission import Admission
 from distronet.node.swarm.control import peer_id
 from distronet.node.swarm.errors import PullError, SwarmError
 from distronet.node.swarm.pubsub import Gossip, Subscription
@@ -101,6 +111,7 @@ from distronet.node.swarm.stack import Swarm
 from distronet.protocol.announce import Announcement, open_announcement, seal_announcement
 from distronet.protocol.errors import RejectCode, Rejected
 from distronet.protocol.identity import peer_id_to_b58
+from distronet.protocol.limits import DEFAULT_LIMITS, Limits
 from distronet.protocol.manifest import (
     Entry,
     RoundManifest,
@@ -109,14 +120,36 @@ from distronet.protocol.manifest import (
     open_manifest,
     seal_manifest,
 )
+from distronet.protocol.packet import open_packet
 
 __all__ = [
     "MANIFEST_PULL_PROTOCOL",
     "AsyncSwarmExchange",
     "ExchangeConfig",
     "FellBehind",
+    "FrameCheck",
     "manifest_topic",
+    "packet_check",
 ]
+
+FrameCheck = Callable[[int, bytes, bytes], bool]
+"""``(step, producer, frame) -> ok``: whether a pulled frame is a valid packet of that producer
+for that step; run in a worker thread before the frame may be listed in a manifest we lead."""
+
+
+def packet_check(run_id: str, layout: bytes, limits: Limits = DEFAULT_LIMITS) -> FrameCheck:
+    """The daemon's ``FrameCheck``: ``open_packet`` accepts the frame (signature, run, layout),
+    and it is signed by the producer for the step. Cost: as ``open_packet`` (one Ed25519 verify)."""
+
+    def check(step: int, producer: bytes, frame: bytes) -> bool:
+        try:
+            pkt = open_packet(frame, run_id=run_id, layout_digest=layout, limits=limits)
+        except Rejected:
+            return False
+        return pkt.peer_id == producer and pkt.step == step
+
+    return check
+
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +157,15 @@ log = logging.getLogger(__name__)
 class AsyncSwarmExchange(ManifestAsks):
     """The exchange's async core on one node's ``Swarm``. Build with :meth:`create`."""
 
-    def __init__(self, swarm: Swarm, config: ExchangeConfig, manifests: Gossip) -> None:
+    def __init__(
+        self, swarm: Swarm, config: ExchangeConfig, manifests: Gossip, admission: Admission | None = None
+    ) -> None:
         self.swarm, self.config, self._manifest_gossip = swarm, config, manifests
+        self.admission = admission or Admission(swarm.run_id, None)  # None: open (module doc)
+        self.credential: bytes | None = None  # ours, attached to our announcements (daemon sets it)
+        self.frame_check: FrameCheck | None = None  # None: frames are listed as pulled (tests)
+        self.frames_refused = 0  # pulled frames the check refused: never listed by us
+        self._not_admitted: dict[int, set[bytes]] = {}  # step -> producers refused as not admitted
         self._stats = ExchangeStats()
         self._rounds: dict[int, RoundState] = {}
         self._own: set[int] = set()
@@ -155,10 +195,12 @@ class AsyncSwarmExchange(ManifestAsks):
         return self.warmup_until
 
     @classmethod
-    async def create(cls, swarm: Swarm, config: ExchangeConfig | None = None) -> AsyncSwarmExchange:
+    async def create(
+        cls, swarm: Swarm, config: ExchangeConfig | None = None, admission: Admission | None = None
+    ) -> AsyncSwarmExchange:
         """Subscribe to the run's announcement and manifest topics and start listening."""
         cfg = config or ExchangeConfig()
-        self = cls(swarm, cfg, Gossip(swarm.host, max_message_bytes=64 * 1024))
+        self = cls(swarm, cfg, Gossip(swarm.host, max_message_bytes=64 * 1024), admission)
         self._subs = [
             await swarm.gossip.subscribe(swarm.topic),
             await self._manifest_gossip.subscribe(manifest_topic(swarm.run_id)),
@@ -220,6 +262,8 @@ class AsyncSwarmExchange(ManifestAsks):
             self._newest = step
             for old in [s for s in self._rounds if not step - keep < s <= step + lead]:
                 del self._rounds[old]
+            for old in [s for s in self._not_admitted if not step - keep < s <= step + lead]:
+                del self._not_admitted[old]
             self.swarm.puller.store.evict_before(step - keep + 1)
             self._release_held(step - keep + 1, step + lead)
         return state
@@ -257,7 +301,13 @@ class AsyncSwarmExchange(ManifestAsks):
         self._stats.packets_up += 1
         self._stats.bytes_up_by_step[step] = len(frame)
         note = seal_announcement(
-            self.swarm.identity, self.swarm.run_id, step, frame, limits=self.config.limits, warmup=warm
+            self.swarm.identity,
+            self.swarm.run_id,
+            step,
+            frame,
+            limits=self.config.limits,
+            warmup=warm,
+            credential=self.credential,
         )
         self._spawn(self._gossip(self.swarm.gossip, self.swarm.topic, note))
 
@@ -279,6 +329,7 @@ class AsyncSwarmExchange(ManifestAsks):
         ann = open_announcement(data, run_id=self.swarm.run_id, limits=self.config.limits)
         if ann.peer_id != sender:
             raise Rejected(RejectCode.WRONG_PEER, "announcement relayed under another sender")
+        self._check_admitted(ann)
         state = self._round(ann.step, local=False)
         if state is None:
             if self._ahead_of_window(ann.step):  # refused now, held in case we get there
@@ -288,8 +339,38 @@ class AsyncSwarmExchange(ManifestAsks):
             )
         self._admit(state, ann)
 
+    def _check_admitted(self, ann: Announcement) -> None:
+        """Refuse (NOT_ADMITTED, or the credential's own code) an announcement of a producer the
+        run's coordinator has not admitted; a no-op when admission is not enforced."""
+        if not self.admission.enforced:
+            return
+        try:
+            if ann.credential is None:
+                raise Rejected(RejectCode.NOT_ADMITTED, "announcement without a credential")
+            self.admission.offer(ann.credential, ann.peer_id)
+        except Rejected:
+            if len(self._not_admitted) < 4 * self.config.retention:
+                refused = self._not_admitted.setdefault(ann.step, set())
+                if len(refused) < self.config.max_manifest_entries:
+                    refused.add(ann.peer_id)
+            raise
+
+    def _refused(self, step: int) -> set[bytes]:
+        """Producers refused as not admitted in ``step`` or the two rounds before it."""
+        out: set[bytes] = set()
+        for s in (step, step - 1, step - 2):
+            out |= self._not_admitted.get(s, set())
+        return {p for p in out if not self.admission.admits(p)}
+
+    def _rank(self, step: int, peer: bytes) -> bytes:
+        """``peer``'s sort key for leading ``step`` (docs/decisions/leader-rank.md)."""
+        return leader_rank(step, peer, self.admission.ticket(peer))
+
     def _admit(self, state: RoundState, ann: Announcement) -> None:
         """A valid announcement of a round in our window: note it and pull its frame if we can."""
+        if not self.admission.admits(ann.peer_id):  # held since, and its credential ran out
+            self.rejected[RejectCode.NOT_ADMITTED] += 1
+            return
         if ann.peer_id in state.announced:
             self._stats.duplicates_dropped += 1
             return
@@ -329,6 +410,11 @@ class AsyncSwarmExchange(ManifestAsks):
             log.info("pull of step %d from %s failed: %s", ann.step, ann.peer_id_b58, e)
             return
         self._stats.count_down(len(frame))
+        check = self.frame_check
+        if check is not None and not await asyncio.to_thread(check, ann.step, ann.peer_id, frame):
+            self.frames_refused += 1  # a valid announcement of an invalid packet: never listed
+            log.info("step %d: the frame of %s is not a valid packet of it", ann.step, ann.peer_id_b58)
+            return
         if not state.frozen:
             state.frames[ann.peer_id] = (ann.packet_sha256, frame)
 
@@ -346,6 +432,11 @@ class AsyncSwarmExchange(ManifestAsks):
         man = self._open_manifest(data)
         if man.leader != sender:
             raise Rejected(RejectCode.WRONG_PEER, "manifest relayed under another sender")
+        if not self.admission.admits(man.leader):
+            raise Rejected(RejectCode.NOT_ADMITTED, "manifest of a leader not admitted to the run")
+        listed = {p for p, _, _ in man.entries}
+        if listed & self._not_admitted.get(man.step, set()):
+            raise Rejected(RejectCode.NOT_ADMITTED, "manifest lists a producer not admitted to the run")
         state = self._round(man.step, local=False)
         if state is None:
             if self._ahead_of_window(man.step):
@@ -380,7 +471,7 @@ class AsyncSwarmExchange(ManifestAsks):
                 return set()
             out.update(held.announced)
         out.discard(self.peer_id)
-        return out
+        return out - self._refused(step)
 
     @staticmethod
     def _complete(state: RoundState, expected: set[bytes]) -> bool:
@@ -428,7 +519,7 @@ class AsyncSwarmExchange(ManifestAsks):
             self._check_behind(step)
         unheard = self._recent_producers(step) - producers - state.warm
         eligible = may_lead(producers, state.warm, unheard)
-        ranked = sorted(eligible | unheard, key=lambda p: leader_rank(step, p))
+        ranked = sorted((eligible | unheard) - self._refused(step), key=lambda p: self._rank(step, p))
         if producers <= {self.peer_id} and unheard:
             # we heard nobody (gossip may not reach us): a producer we know may have sealed this
             # round already, and leading with our packet alone would then apply another set
@@ -483,12 +574,14 @@ class AsyncSwarmExchange(ManifestAsks):
         and may have adopted it): we seal *its* entries unchanged rather than our own view, so
         whichever of the two a replica adopts, it applies the same accepted set."""
         await asyncio.sleep(position * self.config.manifest_grace_s)
-        mine = leader_rank(step, self.peer_id)
-        if state.decided is not None or any(m.rank < mine for m in state.manifests.values()):
+        mine = self._rank(step, self.peer_id)
+        if state.decided is not None or any(
+            self._rank(step, m.leader) < mine for m in state.manifests.values()
+        ):
             return
         entries: list[Entry]
         if state.manifests:
-            entries = list(min(state.manifests.values(), key=lambda m: m.rank).entries)
+            entries = list(min(state.manifests.values(), key=lambda m: self._rank(step, m.leader)).entries)
             self.followed += 1
         else:
             masked = state.warm if set(state.frames) - state.warm else set()
@@ -511,8 +604,8 @@ class AsyncSwarmExchange(ManifestAsks):
             if late:  # gossip may have lost the leader's manifest: ask better-ranked producers directly
                 await self._ask_better(step, state, ranked)
             if state.manifests:
-                best = min(state.manifests.values(), key=lambda m: m.rank)
-                top = min([*ranked, best.leader], key=lambda p: leader_rank(step, p))
+                best = min(state.manifests.values(), key=lambda m: self._rank(step, m.leader))
+                top = min([*ranked, best.leader], key=lambda p: self._rank(step, p))
                 if best.leader == top or late:
                     log.info("round %d: manifest of %s (%d entries; %s; heard %d of %d known, %d manifests)",
                              step, peer_id_to_b58(best.leader)[-6:], len(best.entries),
@@ -543,7 +636,11 @@ class AsyncSwarmExchange(ManifestAsks):
             if cached is not None:
                 return cached
             first = [peer, manifest.leader, *([also] if also else [])]
-            sources = list(dict.fromkeys([*first, *listed]))
+            sources = [
+                p
+                for p in dict.fromkeys([*first, *listed])
+                if p == manifest.leader or self.admission.admits(p)
+            ]
             try:
                 frame = await self.swarm.puller.pull(
                     sha, [peer_id(p) for p in sources], max_bytes=size, size=size,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,7 @@ from distronet.protocol.identity import Identity
 from distronet.protocol.limits import DEFAULT_LIMITS
 from distronet.protocol.membership import (
     RECORD_MAGIC,
+    member_credential,
     member_maddrs,
     member_value,
     open_record_value,
@@ -83,6 +85,7 @@ class Member:
     peer_id: PeerID
     maddrs: tuple[str, ...]
     expires_at: float
+    credential: bytes | None = None  # as its record carries it, unverified (``admission``)
 
     @property
     def peer_id_b58(self) -> str:
@@ -122,6 +125,8 @@ class Membership:
         self.key = members_key(config.run_id)
         self._renew_task: asyncio.Task[None] | None = None
         self._timeout = host.config.call_timeout_s
+        self.credential: bytes | None = None  # ours, written into our record (docs/protocol.md §15)
+        self.on_members: Callable[[dict[str, Member]], object] | None = None  # sees every lookup's result
 
     @classmethod
     async def create(
@@ -173,7 +178,7 @@ class Membership:
     async def announce(self) -> None:
         """Write (or renew) our record. Raises MembershipError when no DHT node accepted it."""
         maddrs = (await self.host.maddrs())[:MAX_MADDRS]
-        if not await self._store(member_value(maddrs)):
+        if not await self._store(member_value(maddrs, self.credential)):
             raise MembershipError(f"no DHT node stored the membership record of {self.identity.peer_id_b58}")
 
     async def first_announce(self, tries: int = FIRST_ANNOUNCE_TRIES) -> None:
@@ -210,6 +215,8 @@ class Membership:
             member = _parse_member(subkey, item.value, item.expiration_time, now)
             if member is not None:
                 out[member.peer_id_b58] = member
+        if self.on_members is not None:
+            self.on_members(out)
         return out
 
     async def close(self, *, leave: bool = True) -> None:
@@ -236,4 +243,4 @@ def _parse_member(subkey: object, value: object, expires_at: float, now: float) 
         peer = PeerID.from_base58(subkey)
     except Exception:
         return None
-    return Member(peer, maddrs, expires_at)
+    return Member(peer, maddrs, expires_at, member_credential(value))

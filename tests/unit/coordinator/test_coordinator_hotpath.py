@@ -111,7 +111,12 @@ async def test_hot_calls_then_other_routes_on_one_connection(tmp_path: Path) -> 
         assert status == 200 and hdrs["content-type"] == "application/json"
         (lease,) = json.loads(body)["leases"]
         status, _, body = await _answer(reader)
-        assert status == 200 and json.loads(body) == {"renewed": 1, "peers_live": 1, "step": 7}
+        answer = json.loads(body)
+        assert (
+            status == 200
+            and answer.pop("credential")
+            and answer == {"renewed": 1, "peers_live": 1, "step": 7}
+        )
         assert lc.app.committer.failed is None
         db = sqlite3.connect(tmp_path / "c.db")  # acknowledged means on disk: another connection sees it
         assert db.execute("SELECT last_step FROM nodes WHERE peer_id = ?", (me.peer_id_b58,)).fetchone() == (
@@ -241,7 +246,7 @@ async def test_a_request_fed_byte_by_byte_is_answered_once(tmp_path: Path) -> No
             await asyncio.sleep(0)  # the commit's done-callbacks run on the next loop turn
         answers = bytes(t.out).split(b"HTTP/1.1 ")[1:]
         assert [a[:3] for a in answers] == [b"200", b"200"] and not t.closed
-        assert answers[1].endswith(b'{"renewed":0,"peers_live":1,"step":3}')
+        assert b'{"renewed":0,"peers_live":1,"step":3,"credential":"' in answers[1]
 
 
 def test_hot_answers_encode_as_the_json_encoder_does() -> None:
@@ -255,6 +260,8 @@ def test_hot_answers_encode_as_the_json_encoder_does() -> None:
         {"unit": 7, "credited": False, "tokens": 0},
         {"unit": 7, "credited": 1, "tokens": 0},  # not a bool: the general encoder
         {"renewed": True, "peers_live": 1, "step": 0},  # not an int: the general encoder
+        {"renewed": 1, "peers_live": 2, "step": 3, "credential": "RE5DMQ+/=="},
+        {"renewed": 1, "peers_live": 2, "step": 3, "credential": 'no"base64'},  # the general encoder
         {"unit": 7, "expires_at": 1764480000.125},
         {"leases": [], "held": 0, "exhausted": False, "max_leases": 1},
     ):

@@ -289,7 +289,7 @@ class Node:
         catchup = CatchUp(
             self.swarm, self.core, self.donor, self.board, replica, status,
             count_drift=lambda result: metrics.drift.labels(result).inc(), stop=self.stop_requested,
-            quorum=cfg.train.state_quorum,
+            quorum=cfg.train.state_quorum, admitted=self.admission.admits,
         )  # fmt: skip
         dtype = self.run_info["data"]["dtype"]
         shards = Shards(self.client, cfg.coordinator, cfg.data_path / "shards", dtype, built.feed, status)

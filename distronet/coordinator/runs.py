@@ -198,7 +198,7 @@ class RunState:
         that is higher (so a run without receipts still shows progress, at a bounded rate)."""
         c = self.credit
         by_rate = int(c["max_step_rate"] * max(0.0, now - self.created_at))
-        return max(self.max_credited + c["step_slack"], by_rate)
+        return max(self.max_credited + int(c["step_slack"]), by_rate)
 
     def verified_steps(self, node: NodeRecord, since: float) -> set[int] | None:
         """``credit.min_steps`` unspent steps of ``node`` with receipts received since ``since``

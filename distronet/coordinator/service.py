@@ -52,6 +52,7 @@ def _network_of(multiaddrs: list[str]) -> tuple[str, str]:
     key = multiaddrs[0] if multiaddrs else ""
     return key, key
 
+
 CHALLENGE_TTL = 120.0
 MAX_CHALLENGES = 100_000
 LOSS_EMIT_EVERY = 0.5

@@ -51,7 +51,9 @@ def _write_run(tmp: Path) -> Path:
         json.dumps({"version": 1, "tokenizer": "byte", "dtype": "uint8", "shards": shards})
     )
     run = tmp / "run.toml"
-    run.write_text('id = "chaos"\n[data]\nmanifest = "data/manifest.json"\nlease_ttl_s = 600\n')
+    run.write_text(  # trusted completions: this test sends no receipts
+        'id = "chaos"\n[data]\nmanifest = "data/manifest.json"\nlease_ttl_s = 600\n[credit]\nmin_steps = 0\n'
+    )
     return run
 
 

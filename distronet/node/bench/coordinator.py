@@ -118,6 +118,7 @@ async def _start_server(args: argparse.Namespace, tmp: str) -> tuple[subprocess.
     ]
     cmd += ["--data-dir", tmp, "--operator-token", args.operator_token, "--sqlite-sync", args.sqlite_sync]
     cmd += ["--log-level", "WARNING"]
+    cmd += ["--max-conns-per-ip", str(args.concurrency + 16)]  # every connection is from loopback
     if args.db:
         cmd += ["--db", args.db]
     env = dict(os.environ)

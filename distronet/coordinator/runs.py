@@ -24,7 +24,7 @@ __all__ = ["ACTIVE", "EVICTED", "GONE", "LEFT", "STATE_NAMES", "NodeRecord", "Ru
 ACTIVE, LEFT, EVICTED, GONE = 1, 2, 3, 4
 STATE_NAMES = {ACTIVE: "active", LEFT: "left", EVICTED: "evicted", GONE: "gone"}
 RECEIPT_WINDOW = 4096  # steps behind a producer's newest credited step that still earn credit
-RECEIPT_LOG = 8192  # receipts a node's record keeps (received_at, step, acceptor) to back its leases
+RECEIPT_LOG = 2048  # receipts a node's record keeps (received_at, step, acceptor) to back its leases
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,7 +71,9 @@ def _start(tmp: Path, run: Path) -> tuple[subprocess.Popen[bytes], str]:
         "1e6",
         "--ip-burst",
         "1e6",
-    ]  # one observer IP
+        "--max-conns-per-ip",
+        "1000",
+    ]  # one observer IP (and every node on it)
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while not port_file.exists():

@@ -201,23 +201,33 @@ class RunState:
         return max(self.max_credited + int(c["step_slack"]), by_rate)
 
     def verified_steps(self, node: NodeRecord, since: float) -> set[int] | None:
-        """``credit.min_steps`` unspent steps of ``node`` with receipts received since ``since``
-        from at least ``credit.min_acceptors`` distinct members (never evicted ones) in all;
-        None when it has not that much verified work."""
+        """At least ``credit.min_steps`` unspent steps of ``node`` with receipts received since
+        ``since`` from at least ``credit.min_acceptors`` distinct members (never evicted ones)
+        in all; None when it has not that much verified work. Cost: the receipts since
+        ``since``, newest first, until enough are found (at most RECEIPT_LOG)."""
         need, want = self.credit["min_steps"], self.credit["min_acceptors"]
-        steps: set[int] = set()
-        who: set[str] = set()
+        steps: list[int] = []  # distinct, newest first
+        seen: set[int] = set()
+        first_of: dict[str, int] = {}  # acceptor -> the newest usable step it vouched for
         for t, step, acceptor in reversed(node.receipt_log):
             if t < since:
                 break
             a = self.nodes.get(acceptor)
             if step in node.spent or a is None or a.state == EVICTED:
                 continue
-            steps.add(step)
-            who.add(acceptor)
-        if len(steps) < need or len(who) < want:
-            return None
-        return set(sorted(steps)[:need])
+            if step not in seen:
+                seen.add(step)
+                steps.append(step)
+            first_of.setdefault(acceptor, step)
+            if len(steps) >= need and len(first_of) >= want:
+                # spend what it takes: one step of each of ``want`` acceptors, then the newest
+                chosen = set(list(first_of.values())[:want])
+                for s in steps:
+                    if len(chosen) >= need:
+                        break
+                    chosen.add(s)
+                return chosen
+        return None
 
     def allowance(self, node: NodeRecord, now: float) -> int:
         """How many leases ``node`` may hold at once: 1 until measured, then 2x its speed ratio.

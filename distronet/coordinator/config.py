@@ -35,6 +35,12 @@ class CoordinatorConfig:
     ip_rate: float = 50.0  # unsigned requests per second per IP (challenge, join, reads)
     ip_burst: float = 200.0
     clock_skew_s: float = 60.0
+    # The hot path's absolute deadlines (new bytes do not extend them): a request head must
+    # arrive whole within head_timeout_s of its first byte, its body within body_timeout_s of
+    # the head; and one IP address may hold at most max_conns_per_ip connections at once.
+    head_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    max_conns_per_ip: int = 64
     session_ttl_s: float = 3600.0  # a node session (HMAC key) lives this long; then the node opens another
     sweep_interval_s: float = 1.0
     shutdown_timeout_s: float = 10.0

@@ -1,8 +1,8 @@
 """Run events for the dashboard: an in-memory ring per run, fanned out to SSE subscribers.
 
 Event types: ``peer_joined``, ``peer_left``, ``peer_evicted``, ``step_progress``, ``loss``,
-``shard_completed``, ``lease_expired``, ``run_created``. Each event has a per-coordinator
-sequence number (the SSE ``id:``), so a dashboard that reconnects with ``Last-Event-ID`` gets
+``shard_completed``, ``shard_unverified``, ``lease_expired``, ``run_created``. Each event has a
+per-coordinator sequence number (the SSE ``id:``), so a dashboard that reconnects with ``Last-Event-ID`` gets
 what it missed while the ring still holds it. A subscriber too slow to drain its queue is cut
 off (its stream ends; it reconnects and resumes) instead of holding memory.
 """

@@ -17,8 +17,13 @@ other route, the dashboard, the OpenAPI document, and anything unusual about a r
 query, percent-escapes, ``Transfer-Encoding``, ``Expect``, ``Upgrade``, a repeated
 ``Content-Length``, non-ASCII bytes, a malformed or over-long head) take aiohttp's path
 unchanged. A declared body over the route's limit is answered 413 at once and the
-connection closed without reading it. Requests on one connection are answered in order, one
-at a time (pipelined ones wait in the buffer; reading pauses when it grows).
+connection closed without reading it. A request head must arrive whole within the
+configured ``head_timeout_s`` of its first byte and its body within ``body_timeout_s`` of the
+head: absolute deadlines that new bytes do not extend (a byte every few seconds cannot hold a
+connection), checked by the idle sweep. One IP address may hold ``max_conns_per_ip``
+connections at once, handed-over ones included; a further one is closed as it opens.
+Requests on one connection are answered in order, one at a time (pipelined ones wait in the
+buffer; reading pauses when it grows).
 
 Cost: about 40 µs of parsing and writing per hot call in place of aiohttp's ~150 µs.
 """
@@ -208,6 +213,11 @@ class _Shared:
         self.app = app
         self.runner = runner
         self.conns: set[HotProtocol] = set()
+        self.per_ip: dict[str | None, int] = {}  # open connections per remote address
+        cfg = app.cfg
+        self.head_timeout, self.body_timeout = cfg.head_timeout_s, cfg.body_timeout_s
+        self.max_per_ip = cfg.max_conns_per_ip
+        self.refused = 0  # connections closed at once: their IP was at max_conns_per_ip
         self.stopping = False
         self.drained = asyncio.Event()
         self.hot_calls = 0  # requests answered on the hot path
@@ -221,6 +231,49 @@ class _Shared:
         if self.stopping and not self.conns:
             self.drained.set()
 
+    def admit_ip(self, ip: str | None) -> bool:
+        """Count one more connection from ``ip``; False (not counted) when it is at the cap."""
+        n = self.per_ip.get(ip, 0)
+        if n >= self.max_per_ip:
+            self.refused += 1
+            return False
+        self.per_ip[ip] = n + 1
+        return True
+
+    def release_ip(self, ip: str | None) -> None:
+        n = self.per_ip.get(ip, 0) - 1
+        if n > 0:
+            self.per_ip[ip] = n
+        else:
+            self.per_ip.pop(ip, None)
+
+
+class _Counted(asyncio.Protocol):
+    """aiohttp's handler of a handed-over connection, which still counts against its IP's cap
+    until it closes (aiohttp's handler has slots: it is wrapped, not patched)."""
+
+    def __init__(self, inner: asyncio.Protocol, shared: _Shared, ip: str | None) -> None:
+        self.inner, self.shared, self.ip = inner, shared, ip
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.shared.release_ip(self.ip)
+        self.inner.connection_lost(exc)
+
 
 class HotProtocol(asyncio.Protocol):
     """One client connection, on the hot path until a request needs aiohttp (see the module)."""
@@ -233,20 +286,33 @@ class HotProtocol(asyncio.Protocol):
         self.busy = False  # a call is waiting for its commit
         self.paused = False
         self.heard = time.monotonic()  # last bytes received (idle connections are closed)
+        self.deadline = 0.0  # the request in the buffer must be whole by then (0: none pending)
+        self.in_body = False  # its head is parsed; the deadline is the body's
+        self.counted = False  # counted in shared.per_ip
         self.recv = 0.0  # perf_counter when the buffer's first bytes arrived (trace only)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self.remote = peer[0] if isinstance(peer, (tuple, list)) and peer else None
+        if not self.shared.admit_ip(self.remote):
+            self.transport = None
+            transport.close()
+            return
+        self.counted = True
         self.shared.conns.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
         self.shared.gone(self)
+        if self.counted:
+            self.counted = False
+            self.shared.release_ip(self.remote)
 
     def data_received(self, data: bytes) -> None:
         self.heard = time.monotonic()
+        if not self.deadline:
+            self.deadline = self.heard + self.shared.head_timeout
         if TRACE.on and not self.buf:
             self.recv = time.perf_counter()
         self.buf += data
@@ -278,9 +344,14 @@ class HotProtocol(asyncio.Protocol):
                 return
             total = end + 4 + head.length
             if len(buf) < total:
-                return  # the body is still coming
+                if not self.in_body:  # the body is still coming: its own deadline, set once
+                    self.in_body = True
+                    self.deadline = time.monotonic() + self.shared.body_timeout
+                return
             body = bytes(buf[end + 4 : total])
             del buf[:total]
+            self.in_body = False
+            self.deadline = time.monotonic() + self.shared.head_timeout if buf else 0.0
             self._call(head, route, op, limit, body)
         if not self.busy and self.paused and self.transport is not None:
             self.paused = False
@@ -387,8 +458,13 @@ class HotProtocol(asyncio.Protocol):
         self.transport = None
         self.shared.handed_over += 1
         self.shared.gone(self)
-        t.set_protocol(handler)
-        handler.connection_made(t)
+        if self.counted:  # the count moves to the wrapper, released when aiohttp's side closes
+            self.counted = False
+            wrapped: asyncio.Protocol = _Counted(handler, self.shared, self.remote)
+        else:
+            wrapped = handler
+        t.set_protocol(wrapped)
+        wrapped.connection_made(t)
         if self.paused:
             self.paused = False
             t.resume_reading()
@@ -462,12 +538,16 @@ class HotSite(web.BaseSite):
         self._sweeper = asyncio.create_task(self._sweep(), name="hot-idle-sweep")
 
     async def _sweep(self) -> None:
-        """Close connections silent for IDLE_TIMEOUT_S with no call in flight (every
-        SWEEP_EVERY_S; also bounds how long a half-sent head can hold a connection)."""
+        """Close connections silent for IDLE_TIMEOUT_S, or past their request's head or body
+        deadline, with no call in flight (every SWEEP_EVERY_S, or a quarter of the shorter
+        deadline when that is less)."""
+        shared = self._hot
+        every = min(SWEEP_EVERY_S, shared.head_timeout / 4, shared.body_timeout / 4)
         while True:
-            await asyncio.sleep(SWEEP_EVERY_S)
-            old = time.monotonic() - IDLE_TIMEOUT_S
-            for conn in [c for c in self._hot.conns if c.heard < old]:
+            await asyncio.sleep(every)
+            now = time.monotonic()
+            old = now - IDLE_TIMEOUT_S
+            for conn in [c for c in shared.conns if c.heard < old or 0 < c.deadline < now]:
                 conn.close_if_idle()
 
     async def stop(self) -> None:

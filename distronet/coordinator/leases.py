@@ -159,6 +159,18 @@ class LeaseBook:
         self._unhold(holder, unit)
         return u, True
 
+    def give_back(self, unit: int, token: str, holder: str) -> Unit:
+        """Return a live lease to the queue, first in line (its completion was not verified).
+
+        Raises ApiError(LEASE_LOST) when ``token`` is not the unit's current lease and
+        ApiError(CONFLICT) when the unit is already done.
+        """
+        u = self._check(unit, token, holder)
+        if u.state == DONE:
+            raise ApiError(ApiErrorCode.CONFLICT, f"unit {unit} is already completed")
+        self._free(u)
+        return u
+
     def _free(self, u: Unit) -> None:
         assert u.holder is not None
         self._unhold(u.holder, u.unit)

@@ -12,16 +12,19 @@ from __future__ import annotations
 import hashlib
 import json
 import statistics
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from distronet.coordinator.leases import LeaseBook
+from distronet.protocol.coordinator_api import CREDIT
 
 __all__ = ["ACTIVE", "EVICTED", "GONE", "LEFT", "STATE_NAMES", "NodeRecord", "RunState", "Shard"]
 
 ACTIVE, LEFT, EVICTED, GONE = 1, 2, 3, 4
 STATE_NAMES = {ACTIVE: "active", LEFT: "left", EVICTED: "evicted", GONE: "gone"}
 RECEIPT_WINDOW = 4096  # steps behind a producer's newest credited step that still earn credit
+RECEIPT_LOG = 2048  # receipts a node's record keeps (received_at, step, acceptor) to back its leases
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +51,15 @@ class NodeRecord:
     tokens: int = 0
     shards: int = 0
     steps: int = 0
-    speed: float = 0.0  # tokens/s measured over its completed leases (EWMA)
-    last_step: int = 0
+    speed: float = 0.0  # credited tokens per second of observed uptime
+    last_step: int = 0  # its reported step, clamped (RunState.step_bound)
     credited: set[int] = field(default_factory=set)  # steps credited, within RECEIPT_WINDOW
     max_credited: int = -1
+    # the acceptors (up to the run's min_acceptors) that vouched for each credited step
+    acceptors: dict[int, set[str]] = field(default_factory=dict)
+    # receipts for its packets, oldest first: (received_at, step, acceptor)
+    receipt_log: deque[tuple[float, int, str]] = field(default_factory=lambda: deque(maxlen=RECEIPT_LOG))
+    spent: set[int] = field(default_factory=set)  # steps that already backed a credited unit
     # (the multiaddrs list last encoded, its JSON): a row is staged on every node call
     _maddrs_json: tuple[object, str] = field(default=(None, ""), init=False, repr=False, compare=False)
 
@@ -81,14 +89,22 @@ class NodeRecord:
             "last_step": self.last_step,
         }
 
-    def may_credit(self, step: int) -> bool:
-        """True when a receipt for ``step`` would still earn credit (not a repeat, not too old)."""
-        return step not in self.credited and step >= self.max_credited - RECEIPT_WINDOW
-
-    def credit_step(self, step: int) -> bool:
-        """Credit one acknowledged step once; False for a repeat or a step too far behind."""
-        if step in self.credited or step < self.max_credited - RECEIPT_WINDOW:
+    def may_credit(self, step: int, acceptor: str = "", want: int = 1) -> bool:
+        """True when a receipt for ``step`` from ``acceptor`` would still count: not too old, and
+        the step has fewer than ``want`` acceptors, this one not among them."""
+        if step < self.max_credited - RECEIPT_WINDOW:
             return False
+        got = self.acceptors.get(step)
+        return got is None or (len(got) < want and acceptor not in got)
+
+    def credit_step(self, step: int, acceptor: str = "", now: float = 0.0, want: int = 1) -> bool:
+        """Record one receipt (see :meth:`may_credit`); the step's first counts in ``steps``."""
+        if not self.may_credit(step, acceptor, want):
+            return False
+        self.acceptors.setdefault(step, set()).add(acceptor)
+        self.receipt_log.append((now, step, acceptor))
+        if step in self.credited:
+            return True
         self.credited.add(step)
         self.steps += 1
         if step > self.max_credited:
@@ -96,7 +112,18 @@ class NodeRecord:
             if len(self.credited) > 2 * RECEIPT_WINDOW:
                 floor = step - RECEIPT_WINDOW
                 self.credited = {s for s in self.credited if s >= floor}
+                self.acceptors = {s: a for s, a in self.acceptors.items() if s >= floor}
+                self.spent = {s for s in self.spent if s >= floor}
         return True
+
+    def forfeit(self) -> None:
+        """Lose every credit (the node was caught cheating)."""
+        self.tokens = self.shards = self.steps = 0
+        self.speed = 0.0
+        self.credited, self.acceptors, self.spent = set(), {}, set()
+        self.receipt_log.clear()
+        self.max_credited = -1
+        self.last_step = 0
 
 
 class RunState:
@@ -124,7 +151,9 @@ class RunState:
         self.challenges: dict[str, tuple[str, float]] = {}  # challenge -> (peer, expires_at)
         self.node_timeout: float = spec["node_timeout_s"]
         self.heartbeat_interval: float = spec["heartbeat_interval_s"]
-        self.max_step = 0
+        self.credit: dict[str, Any] = spec.get("credit") or CREDIT.validate({}, "credit")
+        self.max_step = 0  # the highest clamped step any node reported
+        self.max_credited = -1  # the highest step any node has a receipt for
         self.loss_sum = 0.0
         self.loss_n = 0
         self.loss_last_emit = 0.0
@@ -162,6 +191,43 @@ class RunState:
         return [
             n for n in self.nodes.values() if n.state == ACTIVE and now - n.last_seen <= self.node_timeout
         ]
+
+    def step_bound(self, now: float) -> int:
+        """The highest step a heartbeat may report: the run's newest receipt-backed step plus
+        ``credit.step_slack``, or ``credit.max_step_rate`` steps per second of the run's age if
+        that is higher (so a run without receipts still shows progress, at a bounded rate)."""
+        c = self.credit
+        by_rate = int(c["max_step_rate"] * max(0.0, now - self.created_at))
+        return max(self.max_credited + int(c["step_slack"]), by_rate)
+
+    def verified_steps(self, node: NodeRecord, since: float) -> set[int] | None:
+        """At least ``credit.min_steps`` unspent steps of ``node`` with receipts received since
+        ``since`` from at least ``credit.min_acceptors`` distinct members (never evicted ones)
+        in all; None when it has not that much verified work. Cost: the receipts since
+        ``since``, newest first, until enough are found (at most RECEIPT_LOG)."""
+        need, want = self.credit["min_steps"], self.credit["min_acceptors"]
+        steps: list[int] = []  # distinct, newest first
+        seen: set[int] = set()
+        first_of: dict[str, int] = {}  # acceptor -> the newest usable step it vouched for
+        for t, step, acceptor in reversed(node.receipt_log):
+            if t < since:
+                break
+            a = self.nodes.get(acceptor)
+            if step in node.spent or a is None or a.state == EVICTED:
+                continue
+            if step not in seen:
+                seen.add(step)
+                steps.append(step)
+            first_of.setdefault(acceptor, step)
+            if len(steps) >= need and len(first_of) >= want:
+                # spend what it takes: one step of each of ``want`` acceptors, then the newest
+                chosen = set(list(first_of.values())[:want])
+                for s in steps:
+                    if len(chosen) >= need:
+                        break
+                    chosen.add(s)
+                return chosen
+        return None
 
     def allowance(self, node: NodeRecord, now: float) -> int:
         """How many leases ``node`` may hold at once: 1 until measured, then 2x its speed ratio.

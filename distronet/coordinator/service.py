@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import ipaddress
 import json
+import random
 import secrets
 import time
 from collections.abc import Callable
@@ -33,6 +35,27 @@ from distronet.protocol.coordinator_api import (
 from distronet.protocol.credential import credential_ticket, seal_credential
 
 __all__ = ["Coordinator", "load_signing_key"]
+
+_RNG = random.SystemRandom()
+
+
+def _network_of(multiaddrs: list[str]) -> tuple[str, str]:
+    """``(network, address)`` of a peer's first IP multiaddr: its /16 (IPv4) or /48 (IPv6);
+    a peer with only DNS or other addresses is its own network (its first multiaddr)."""
+    for m in multiaddrs:
+        parts = m.split("/")
+        if len(parts) < 3 or parts[1] not in ("ip4", "ip6"):
+            continue
+        try:
+            ip = ipaddress.ip_address(parts[2])
+        except ValueError:
+            continue
+        bits = 16 if ip.version == 4 else 48
+        net = ipaddress.ip_network(f"{ip}/{bits}", strict=False)
+        return str(net), str(ip)
+    key = multiaddrs[0] if multiaddrs else ""
+    return key, key
+
 
 CHALLENGE_TTL = 120.0
 MAX_CHALLENGES = 100_000
@@ -118,11 +141,15 @@ class Coordinator:
                 node.steps, node.speed, node.last_step = int(steps), float(speed), int(last)
                 run.nodes[peer] = node
                 run.max_step = max(run.max_step, node.last_step)
-        for rid, producer, step, _acc, _h, _t in snap.tables["receipts"]:
-            prod = self.runs[rid].nodes.get(producer) if rid in self.runs else None
-            if prod is not None:
+        for rid, producer, step, acc, _h, t in sorted(snap.tables["receipts"], key=lambda r: r[5]):
+            run = self.runs.get(rid)
+            prod = run.nodes.get(producer) if run is not None else None
+            if run is not None and prod is not None:
                 prod.credited.add(int(step))
+                prod.acceptors.setdefault(int(step), set()).add(acc)
+                prod.receipt_log.append((float(t), int(step), acc))
                 prod.max_credited = max(prod.max_credited, int(step))
+                run.max_credited = max(run.max_credited, int(step))
         for rid, th, uses, exp in snap.tables["join_tokens"]:
             if rid in self.runs:
                 self.runs[rid].tokens[th] = [float(uses), float(exp)]
@@ -168,14 +195,18 @@ class Coordinator:
         return out
 
     def evict(self, run: RunState, peer: str, reason: str) -> NodeRecord:
+        """Evict ``peer`` and take back its credit: tokens, shards and steps are zeroed, and the
+        receipts it signed no longer back anyone's leases (verified_steps skips evicted acceptors)."""
         node = run.nodes.get(peer)
         if node is None:
             raise ApiError(ApiErrorCode.NOT_FOUND, f"no node {peer[:64]} in run {run.id}")
         node.state = EVICTED
         self._credentials.pop((run.id, peer), None)
         self._release(run, node)
+        forfeited = node.tokens
+        node.forfeit()
         self.committer.put("nodes", node.row(run.id))
-        self._emit(run.id, "peer_evicted", peer_id=peer, reason=reason)
+        self._emit(run.id, "peer_evicted", peer_id=peer, reason=reason, forfeited_tokens=forfeited)
         return node
 
     # ---------------------------------------------------------------- admission
@@ -252,13 +283,29 @@ class Coordinator:
         self.committer.put("join_tokens", (run.id, th, int(entry[0]), entry[1]))
 
     def bootstrap(self, run: RunState, *, exclude: str = "", limit: int = 16) -> list[dict[str, Any]]:
-        """Live peers with multiaddrs, most recently seen first."""
-        live = sorted(run.live_nodes(self.clock()), key=lambda n: -n.last_seen)
-        return [
-            {"peer_id": n.peer, "multiaddrs": n.multiaddrs}
-            for n in live
-            if n.peer != exclude and n.multiaddrs
-        ][:limit]
+        """Up to ``limit`` live peers with multiaddrs, spread over networks (docs/protocol.md §11):
+        one per /16 (IPv4) or /48 (IPv6) network first, then one per further IP address, then
+        the rest, each round in random order, so Sybils crowded on one network cannot fill the
+        list. Evicted, left and silent peers are never listed."""
+        live = [n for n in run.live_nodes(self.clock()) if n.peer != exclude and n.multiaddrs]
+        _RNG.shuffle(live)
+        nets: set[str] = set()
+        ips: set[str] = set()
+        first: list[NodeRecord] = []
+        second: list[NodeRecord] = []
+        rest: list[NodeRecord] = []
+        for n in live:
+            net, ip = _network_of(n.multiaddrs)
+            if net not in nets:
+                nets.add(net)
+                ips.add(ip)
+                first.append(n)
+            elif ip not in ips:
+                ips.add(ip)
+                second.append(n)
+            else:
+                rest.append(n)
+        return [{"peer_id": n.peer, "multiaddrs": n.multiaddrs} for n in (first + second + rest)[:limit]]
 
     def node_for(self, run: RunState, peer: str) -> NodeRecord:
         """The admitted node behind a signed request; accounts its uptime. Raises ApiError(403)."""
@@ -330,17 +377,30 @@ class Coordinator:
         return {"unit": unit, "expires_at": u.expires_at}
 
     def complete(self, run: RunState, node: NodeRecord, unit: int, token: str) -> dict[str, Any]:
-        """Complete a lease; credits the node's ledger exactly once per unit."""
+        """Complete a lease; credits the node's ledger at most once per unit, and only for
+        verified work (docs/decisions/verified-credit.md): ``credit.min_steps`` steps of its
+        own with receipts received since the lease was issued. Without them the unit goes back
+        to the queue, first in line, and the answer says ``credited: false``."""
         now = self.clock()
         self._expire(run, now)
-        u, credited = run.book.complete(unit, token, node.peer, now)
+        u = run.book.get(unit)
         _, shard = run.shard_of(unit)
+        backing: set[int] | None = set()
+        if run.credit["min_steps"] > 0 and u.state == LEASED and u.token == token and u.holder == node.peer:
+            assert u.leased_at is not None
+            backing = run.verified_steps(node, u.leased_at)
+            if backing is None:
+                run.book.give_back(unit, token, node.peer)
+                self.committer.put("units", u.row(run.id))
+                self.committer.put("nodes", node.row(run.id))
+                self._emit(run.id, "shard_unverified", peer_id=node.peer, unit=unit, shard_id=shard.id)
+                return {"unit": unit, "credited": False, "tokens": 0}
+        u, credited = run.book.complete(unit, token, node.peer, now)
         if credited:
+            node.spent |= backing or set()
             node.tokens += shard.tokens
             node.shards += 1
-            assert u.leased_at is not None
-            sample = shard.tokens / max(now - u.leased_at, 1e-3)
-            node.speed = sample if node.speed <= 0 else 0.7 * node.speed + 0.3 * sample
+            node.speed = node.tokens / max(node.uptime_s, run.heartbeat_interval)
             self.counters["shards_completed"] += 1
             self.committer.put("units", u.row(run.id))
             self._emit(run.id, "shard_completed", peer_id=node.peer, unit=unit, shard_id=shard.id)
@@ -351,7 +411,8 @@ class Coordinator:
         """Liveness, step and loss; renews every lease the node holds."""
         now = self.clock()
         self._expire(run, now)
-        node.last_step = max(node.last_step, req["step"])
+        step = min(req["step"], run.step_bound(now))  # a claim never outruns what is observed
+        node.last_step = max(node.last_step, step)
         if req["multiaddrs"] is not None:
             node.multiaddrs = req["multiaddrs"]
         renewed = 0
@@ -362,8 +423,8 @@ class Coordinator:
             self.committer.put("units", u.row(run.id))
             renewed += 1
         self.committer.put("nodes", node.row(run.id))
-        if req["step"] > run.max_step:
-            run.max_step = req["step"]
+        if step > run.max_step:
+            run.max_step = step
             self._emit(run.id, "step_progress", step=run.max_step, peer_id=node.peer)
         if req["loss"] is not None:
             run.loss_sum += req["loss"]
@@ -384,17 +445,22 @@ class Coordinator:
     ) -> dict[str, Any]:
         """Credit producers for steps that another member signed as accepted.
 
-        Cost: one Ed25519 verify per receipt that would earn credit; a receipt for a step its
-        producer is already credited for is answered as a duplicate without verifying, so the
-        many acceptors of one packet cost one verify, not one each.
+        Cost: one Ed25519 verify per receipt that would count; once a step has receipts from
+        ``credit.min_acceptors`` distinct acceptors, further ones are answered as duplicates
+        without verifying, so the many acceptors of one packet cost at most that many verifies.
         """
         now = self.clock()
+        want = run.credit["min_acceptors"]
         accepted = duplicate = 0
         rejected: list[dict[str, Any]] = []
         for i, r in enumerate(receipts):
             why = self._receipt_form_problem(run, r)
             producer = run.nodes.get(r["producer"])
-            if why is None and producer is not None and not producer.may_credit(r["step"]):
+            if (
+                why is None
+                and producer is not None
+                and not producer.may_credit(r["step"], r["acceptor"], want)
+            ):
                 duplicate += 1
                 continue
             if why is None and not self._receipt_signed(run, r):
@@ -402,7 +468,9 @@ class Coordinator:
             if why is not None or producer is None:
                 rejected.append({"index": i, "code": why or "not_member"})
                 continue
-            producer.credit_step(r["step"])
+            producer.credit_step(r["step"], r["acceptor"], now, want)
+            if len(producer.acceptors.get(r["step"], ())) >= want:  # fully vouched for
+                run.max_credited = max(run.max_credited, r["step"])
             accepted += 1
             row = (run.id, producer.peer, r["step"], r["acceptor"], r["payload_sha256"], now)
             self.committer.put("receipts", row)

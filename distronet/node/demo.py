@@ -103,6 +103,8 @@ def write_run(
         "manifest_grace_s = 0.2\nmanifest_wait_s = 1.5\npull_timeout_s = 10.0\n"
         f'[data]\nmanifest = "data/manifest.json"\nepochs = 100\nlease_ttl_s = {lease_ttl_s}\n'
         "max_leases_per_node = 1\n"
+        # completions are trusted until nodes send receipts (docs/decisions/verified-credit.md)
+        "[credit]\nmin_steps = 0\n"
     )
     return run
 

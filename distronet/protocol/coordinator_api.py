@@ -459,6 +459,17 @@ ADMISSION = Schema(
     "Admission",
     (Field("policy", "str", required=False, default="open", enum=("open", "token")),),
 )
+# What earns credit and what a node's reported step may be (docs/decisions/verified-credit.md).
+# ``min_steps`` 0 trusts a lease completion by itself (a run without receipts, e.g. a benchmark).
+CREDIT = Schema(
+    "Credit",
+    (
+        Field("min_steps", "int", required=False, default=1, minimum=0, maximum=100_000),
+        Field("min_acceptors", "int", required=False, default=1, minimum=1, maximum=16),
+        Field("step_slack", "int", required=False, default=64, minimum=0, maximum=1_000_000),
+        Field("max_step_rate", "float", required=False, default=20.0, minimum=0, maximum=10_000),
+    ),
+)
 CREATE_RUN = Schema(
     "CreateRun",
     (
@@ -469,6 +480,7 @@ CREATE_RUN = Schema(
         Field("data", "object", schema=DATA),
         Field("bandwidth", "object", required=False, schema=BANDWIDTH),
         Field("admission", "object", required=False, schema=ADMISSION),
+        Field("credit", "object", required=False, schema=CREDIT),
         Field("heartbeat_interval_s", "float", required=False, default=5.0, minimum=0.1, maximum=3600),
         Field("node_timeout_s", "float", required=False, default=30.0, minimum=1, maximum=86400),
     ),
@@ -534,7 +546,7 @@ EMPTY = Schema("Empty", ())
 SCHEMAS: Mapping[str, Schema] = {
     s.name: s
     for s in (
-        SHARD, MANIFEST, DATA, BANDWIDTH, ADMISSION, CREATE_RUN, CREATE_TOKENS, EVICT,
+        SHARD, MANIFEST, DATA, BANDWIDTH, ADMISSION, CREDIT, CREATE_RUN, CREATE_TOKENS, EVICT,
         CHALLENGE, JOIN, LEASE, LEASE_TOKEN, HEARTBEAT, RECEIPT, RECEIPTS, EMPTY,
     )
 }  # fmt: skip

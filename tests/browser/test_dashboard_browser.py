@@ -82,6 +82,7 @@ def _write_run(tmp: Path) -> Path:
     run.write_text(
         f'id = "{RUN_ID}"\nheartbeat_interval_s = 1.0\nnode_timeout_s = 60.0\n'
         '[data]\nmanifest = "manifest.json"\nlease_ttl_s = 600\nmax_leases_per_node = 1\n'
+        "[credit]\nmin_steps = 0\n"  # trusted completions: this test sends no receipts
     )
     return run
 

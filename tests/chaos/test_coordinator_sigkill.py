@@ -51,7 +51,9 @@ def _write_run(tmp: Path) -> Path:
         json.dumps({"version": 1, "tokenizer": "byte", "dtype": "uint8", "shards": shards})
     )
     run = tmp / "run.toml"
-    run.write_text('id = "chaos"\n[data]\nmanifest = "data/manifest.json"\nlease_ttl_s = 600\n')
+    run.write_text(  # trusted completions: this test sends no receipts
+        'id = "chaos"\n[data]\nmanifest = "data/manifest.json"\nlease_ttl_s = 600\n[credit]\nmin_steps = 0\n'
+    )
     return run
 
 
@@ -69,7 +71,9 @@ def _start(tmp: Path, run: Path) -> tuple[subprocess.Popen[bytes], str]:
         "1e6",
         "--ip-burst",
         "1e6",
-    ]  # one observer IP
+        "--max-conns-per-ip",
+        "1000",
+    ]  # one observer IP (and every node on it)
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while not port_file.exists():

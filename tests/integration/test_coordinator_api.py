@@ -37,7 +37,7 @@ def spec(run_id: str = "r1", shards: int = 8, **extra: Any) -> dict[str, Any]:
         for i in range(shards)
     ]
     manifest = {"version": 1, "tokenizer": "byte", "dtype": "uint8", "shards": shard_list}
-    return {"id": run_id, "data": {"manifest": manifest}, **extra}
+    return {"id": run_id, "data": {"manifest": manifest}, "credit": {"min_steps": 0}, **extra}
 
 
 @pytest.fixture

@@ -104,6 +104,7 @@ def _spec() -> dict[str, Any]:
     return {
         "id": "r1",
         "data": {"manifest": {"version": 1, "tokenizer": "byte", "dtype": "uint8", "shards": shards}},
+        "credit": {"min_steps": 0},  # completions are trusted: no receipts here
     }
 
 

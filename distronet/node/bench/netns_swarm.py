@@ -53,6 +53,7 @@ def write_shaped_run(
             "data",
             {"manifest": "data/manifest.json", "epochs": 100, "lease_ttl_s": 60, "max_leases_per_node": 1},
         )
+        + _toml_table("credit", {"min_steps": 0})  # trusted completions: no receipts sent yet
     )
     return run
 

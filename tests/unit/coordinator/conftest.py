@@ -31,7 +31,8 @@ def make_spec(run_id: str = "r1", shards: int = 10, **data: Any) -> dict[str, An
             for i in range(shards)
         ],
     }
-    return {"id": run_id, "data": {"manifest": manifest, **data}}
+    # min_steps 0: these tests are about leases, not credit (test_coordinator_credit.py is)
+    return {"id": run_id, "data": {"manifest": manifest, **data}, "credit": {"min_steps": 0}}
 
 
 @pytest.fixture

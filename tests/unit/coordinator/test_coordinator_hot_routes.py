@@ -65,6 +65,7 @@ async def test_hot_calls_answer_as_through_the_router(tmp_path: Path) -> None:
     spec = {
         "id": "r1",
         "data": {"manifest": {"version": 1, "tokenizer": "byte", "dtype": "uint8", "shards": shards}},
+        "credit": {"min_steps": 0},  # completions are trusted: no receipts here
     }
     async with local_coordinator(cfg) as lc, aiohttp.ClientSession() as http:
         async with http.post(

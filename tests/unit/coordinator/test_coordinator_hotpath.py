@@ -61,6 +61,7 @@ def _spec(shards: int = 4) -> dict[str, object]:
     return {
         "id": "r1",
         "data": {"manifest": {"version": 1, "tokenizer": "byte", "dtype": "uint8", "shards": rows}},
+        "credit": {"min_steps": 0},  # completions are trusted: no receipts here
     }
 
 

@@ -14,12 +14,14 @@ Frame layout (integers big-endian)::
 
 Decoding never trusts a declared size: the frame's length is checked against
 ``max_frame_bytes`` before anything else; the declared decompressed length and the zstd frame's
-own content size (when present) are checked against ``max_decompressed_bytes`` before
-decompressing; decompression streams into a buffer that grows with real output and stops, with
-``DECOMPRESSION_BOMB``, as soon as output passes the declared length. The zstd window is capped
-at ``MAX_ZSTD_WINDOW`` so the decompressor's own memory is bounded too. msgpack is unpacked
-with every length capped, no ext types, string map keys only, then each field's type and range
-is checked by the ``take_*`` helpers (each raises ``Rejected(MALFORMED)`` naming the field).
+own content size (when present) are checked against ``max_decompressed_bytes`` and against the
+ratio cap (``zstd_cap``: ``MAX_ZSTD_RATIO`` times the body, at least ``ZSTD_RATIO_FLOOR``;
+encoders send a body raw past it) before decompressing; decompression stops, with
+``DECOMPRESSION_BOMB``, as soon as output passes the declared length, and bytes after the zstd
+frame are ``MALFORMED``. The zstd window is capped at ``MAX_ZSTD_WINDOW`` so the decompressor's
+own memory is bounded too. msgpack is unpacked with every length capped, no ext types, string
+map keys only, then each field's type and range is checked by the ``take_*`` helpers (each
+raises ``Rejected(MALFORMED)`` naming the field).
 
 Errors::
 
@@ -45,7 +47,9 @@ __all__ = [
     "FRAME_HEADER_BYTES",
     "FRAME_MAGIC",
     "FRAME_VERSION",
+    "MAX_ZSTD_RATIO",
     "MAX_ZSTD_WINDOW",
+    "ZSTD_RATIO_FLOOR",
     "EncodeError",
     "MessageKind",
     "decode_frame",
@@ -53,6 +57,7 @@ __all__ = [
     "take_bin",
     "take_int",
     "take_str",
+    "zstd_cap",
 ]
 
 FRAME_MAGIC = b"DNET"
@@ -65,6 +70,19 @@ _READ_CHUNK = 1 << 20
 _PROBE_ABOVE = 256 * 1024
 _PROBE_BYTES = 64 * 1024
 _MAX_KEY_LEN = 32  # msgpack map keys are short ASCII names
+MAX_ZSTD_RATIO = 16
+"""A zstd body may expand to at most this many times its own length (or ZSTD_RATIO_FLOOR)."""
+ZSTD_RATIO_FLOOR = 64 * 1024
+
+
+def zstd_cap(body_len: int) -> int:
+    """Most bytes a zstd body of ``body_len`` bytes may decompress to (encoders send raw past it).
+
+    Coded payloads are close to incompressible, so an honest frame never comes near the ratio;
+    it keeps a few kB of frame from costing a receiver the whole ``max_decompressed_bytes`` of
+    memory and CPU before its signature can be checked.
+    """
+    return max(ZSTD_RATIO_FLOOR, MAX_ZSTD_RATIO * body_len)
 
 
 class MessageKind(enum.IntEnum):
@@ -92,7 +110,7 @@ def encode_frame(kind: MessageKind, body: dict[str, Any], *, compress: bool, lev
     if compress and _worth_compressing(raw, level):
         cctx = zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=False)
         packed = cctx.compress(raw)
-        if len(packed) < len(raw):
+        if len(packed) < len(raw) and len(raw) <= zstd_cap(len(packed)):
             out, flags = packed, FLAG_ZSTD
     if len(out) > 0xFFFFFFFF or len(raw) > 0xFFFFFFFF:
         raise EncodeError(f"a frame body of {len(raw)} bytes does not fit the u32 length fields")
@@ -156,7 +174,7 @@ def decode_frame(
         raise Rejected(RejectCode.MALFORMED, f"{actual - body_len} bytes after the declared body")
     body = memoryview(frame)[FRAME_HEADER_BYTES:]
     if flags & FLAG_ZSTD:
-        raw: bytes | bytearray | memoryview = _decompress(body, raw_len, raw_cap)
+        raw: bytes | bytearray | memoryview = _decompress(body, raw_len, min(raw_cap, zstd_cap(body_len)))
     else:
         if raw_len != body_len:
             raise Rejected(RejectCode.MALFORMED, "raw body: decompressed length differs from body length")
@@ -189,12 +207,15 @@ def _decompress(body: memoryview, declared: int, limit: int) -> bytes | bytearra
             raise Rejected(RejectCode.MALFORMED, f"zstd content size {size} differs from header's {declared}")
     if params.window_size > MAX_ZSTD_WINDOW:
         raise Rejected(RejectCode.DECOMPRESSION_BOMB, f"zstd window of {params.window_size} bytes")
-    if size == declared:  # the common case: one call into a buffer of the known size
+    if size == declared:  # the common case: one pass into a buffer of the known size
+        dobj = _decompressor().decompressobj(write_size=max(1, declared))
         try:
-            whole = _decompressor().decompress(body, max_output_size=declared)
+            whole = dobj.decompress(body)  # libzstd stops a frame at its recorded content size
         except zstandard.ZstdError:
             whole = None  # the streaming read below names the fault
-        if whole is not None and len(whole) == declared:
+        if whole is not None and len(whole) == declared and dobj.eof:
+            if dobj.unused_data:
+                raise Rejected(RejectCode.MALFORMED, f"{len(dobj.unused_data)} bytes after the zstd frame")
             return whole
     dctx = zstandard.ZstdDecompressor(max_window_size=MAX_ZSTD_WINDOW)
     out = bytearray()
@@ -211,6 +232,10 @@ def _decompress(body: memoryview, declared: int, limit: int) -> bytes | bytearra
         raise Rejected(RejectCode.DECOMPRESSION_BOMB, f"expands past its declared {declared} bytes")
     if len(out) < declared:
         raise Rejected(RejectCode.TRUNCATED, f"zstd frame ends after {len(out)} of {declared} bytes")
+    dobj = dctx.decompressobj(write_size=max(1, declared))
+    dobj.decompress(body)  # the same frame again, now known to give ``declared`` bytes: find its end
+    if dobj.unused_data:
+        raise Rejected(RejectCode.MALFORMED, f"{len(dobj.unused_data)} bytes after the zstd frame")
     return out
 
 

@@ -111,6 +111,9 @@ class StreamLimits:
     """Chunk hashes in one state manifest."""
     max_state_chunk_bytes: int = 64 * _MiB
     """One chunk of a state blob (donors use 4 MiB)."""
+    announced_hold_floor_bytes: int = 64 * 1024
+    """Download budget an announced frame may hold while pulled even when its fair share (the
+    budget by the deadline over the peers in the topic) is smaller; never more than it claims."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -102,6 +102,7 @@ from distronet.node.exchange.manifest_ask import (
 )
 from distronet.node.exchange.types import ExchangeConfig, FellBehind, RoundState, manifest_topic
 from distronet.node.swarm.admission import Admission
+from distronet.node.swarm.budget import Reservations
 from distronet.node.swarm.control import peer_id
 from distronet.node.swarm.errors import PullError, SwarmError
 from distronet.node.swarm.pubsub import Gossip, Subscription
@@ -111,7 +112,7 @@ from distronet.node.swarm.stack import Swarm
 from distronet.protocol.announce import Announcement, open_announcement, seal_announcement
 from distronet.protocol.errors import RejectCode, Rejected
 from distronet.protocol.identity import peer_id_to_b58
-from distronet.protocol.limits import DEFAULT_LIMITS, Limits
+from distronet.protocol.limits import DEFAULT_LIMITS, DEFAULT_STREAM_LIMITS, Limits
 from distronet.protocol.manifest import (
     Entry,
     RoundManifest,
@@ -179,7 +180,7 @@ class AsyncSwarmExchange(ManifestAsks):
         self.followed = 0  # manifests we sealed with an earlier manifest's entries (we were late)
         self.dead_frames = 0  # manifest frames held by no live peer, applied without
         self._subscribed: set[bytes] = set()  # peers in our announcement topic (refreshed each second)
-        self._inflight_bytes = 0  # announced frames being pulled, reserved against the download budget
+        self._holds = Reservations(floor=DEFAULT_STREAM_LIMITS.announced_hold_floor_bytes)
         self.round_deadline_s = config.round_deadline_s  # settable; open rounds see a change at once
         self.warmup_until = -1  # our packets for steps below this are published masked (warm-up)
         self.warmup_heard = 0  # warm-up announcements of other producers: live, but masked
@@ -387,17 +388,18 @@ class AsyncSwarmExchange(ManifestAsks):
         state.announced[ann.peer_id] = ann
         state.changed.set()
         left = state.opened_at + self.round_deadline_s - time.monotonic()
-        if not self.swarm.bandwidth.down.can_afford(self._inflight_bytes + ann.packet_size, left):
+        key = (ann.step, ann.peer_id)  # held against bytes received, one fair share at most
+        down, shares = self.swarm.bandwidth.down, len(self._subscribed)
+        if not self._holds.admit(down, key, ann.packet_size, left, shares=shares):
             self.skipped_for_budget += 1  # a subset is pulled rather than the budget exceeded
             return
-        self._inflight_bytes += ann.packet_size
         state.pulls[ann.peer_id] = asyncio.ensure_future(self._pull_announced(state, ann, left))
 
     async def _pull_announced(self, state: RoundState, ann: Announcement, timeout: float) -> None:
         try:
             await self._pull_announced_inner(state, ann, timeout)
         finally:
-            self._inflight_bytes -= ann.packet_size
+            self._holds.release((ann.step, ann.peer_id))
             state.changed.set()  # the round may be complete now
 
     async def _pull_announced_inner(self, state: RoundState, ann: Announcement, timeout: float) -> None:
@@ -405,6 +407,7 @@ class AsyncSwarmExchange(ManifestAsks):
             frame = await self.swarm.puller.fetch(
                 peer_id(ann.peer_id), ann.packet_sha256, max_bytes=ann.packet_size, size=ann.packet_size,
                 timeout=max(0.1, timeout), step=ann.step,
+                progress=lambda n: self._holds.arrived((ann.step, ann.peer_id), n),
             )  # fmt: skip
         except (PullError, Rejected) as e:
             log.info("pull of step %d from %s failed: %s", ann.step, ann.peer_id_b58, e)

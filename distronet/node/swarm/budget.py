@@ -31,7 +31,7 @@ import asyncio
 import math
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 
 from distronet.protocol.errors import ConfigError, DistroError
@@ -41,6 +41,7 @@ __all__ = [
     "Bandwidth",
     "BudgetError",
     "BudgetExceeded",
+    "Reservations",
     "TokenBucket",
     "WireModel",
     "format_rate",
@@ -324,3 +325,46 @@ class Bandwidth:
         """``nbytes`` of payload already came in (a header): count and debit, no wait."""
         self.down.record(nbytes)
         self.up.record_wire(self._acks(nbytes))
+
+
+class Reservations:
+    """Download budget held for announced frames, against the bytes still to come from each.
+
+    An announcement only *claims* a size. :meth:`admit` holds at most one fair share for it
+    (the budget affordable by the deadline divided by ``shares``, at least ``floor`` bytes, never
+    more than the claim) and admits it only when the bucket can carry everything held plus that;
+    :meth:`arrived` takes bytes that really came off their frame's hold (the bucket has debited
+    them); :meth:`release` drops the rest when the pull ends. So a false size holds one share,
+    and only until its pull fails, and honest frames are not skipped for it. O(1) each.
+    """
+
+    def __init__(self, *, floor: int) -> None:
+        self.floor = floor
+        self._held: dict[Hashable, int] = {}
+        self.held = 0  # bytes held, summed over admitted frames
+
+    def admit(
+        self, bucket: TokenBucket, key: Hashable, claimed: int, within_s: float, *, shares: int
+    ) -> bool:
+        """Hold ``bucket``'s budget for ``claimed`` bytes of ``key`` if it fits by ``within_s``."""
+        if key in self._held:
+            return False
+        share = max(self.floor, bucket.affordable(within_s) // max(1, shares))
+        hold = min(max(0, claimed), share)
+        if not bucket.can_afford(self.held + hold, within_s):
+            return False
+        self._held[key] = hold
+        self.held += hold
+        return True
+
+    def arrived(self, key: Hashable, nbytes: int) -> None:
+        """``nbytes`` of ``key``'s frame came in: they no longer need holding."""
+        hold = self._held.get(key)
+        if hold is not None:
+            take = min(hold, max(0, nbytes))
+            self._held[key] = hold - take
+            self.held -= take
+
+    def release(self, key: Hashable) -> None:
+        """``key``'s pull ended (done or failed): free what it still held."""
+        self.held -= self._held.pop(key, 0)

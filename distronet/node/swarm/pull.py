@@ -31,7 +31,7 @@ import hashlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from distronet.node.swarm.budget import Bandwidth
 from distronet.node.swarm.errors import PullError, PullNotFound, PullPruned, PullTimeout, PullUnreachable
@@ -63,6 +63,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _CHUNK = 64 * 1024
+Progress = Callable[[int], None]
 _MAX_IDLE_PER_PEER = 4
 _REUSE_FOR_S = 20.0  # an idle stream older than this is closed, not reused (servers time out at 60 s)
 
@@ -243,8 +244,11 @@ class Puller:
         timeout: float,
         size: int | None = None,
         step: int = 0,
+        progress: Progress | None = None,
     ) -> bytes:
         """Pull ``digest`` from one ``peer`` within ``timeout`` seconds; store and return it.
+
+        ``progress`` is told the size of each piece of the body as it arrives.
 
         Raises:
             Rejected: TOO_LARGE (declared size over ``max_bytes``), MALFORMED (size differs from the
@@ -257,7 +261,7 @@ class Puller:
         have = self.store.get(digest)
         if have is not None:
             return have
-        fetch = asyncio.ensure_future(self._fetch(peer, digest, max_bytes, size))
+        fetch = asyncio.ensure_future(self._fetch(peer, digest, max_bytes, size, progress))
         fetch.add_done_callback(_observe)
         try:
             data = await asyncio.wait_for(fetch, timeout)
@@ -266,12 +270,14 @@ class Puller:
         self.store.put(data, step)
         return data
 
-    async def _fetch(self, peer: PeerID, digest: bytes, max_bytes: int, size: int | None) -> bytes:
+    async def _fetch(
+        self, peer: PeerID, digest: bytes, max_bytes: int, size: int | None, progress: Progress | None
+    ) -> bytes:
         who = peer.to_base58()
         idle = self._take_idle(peer)
         if idle is not None:
             try:
-                return await self._ask(peer, who, idle, digest, max_bytes, size, reused=True)
+                return await self._ask(peer, who, idle, digest, max_bytes, size, progress, reused=True)
             except _Stale:
                 pass
         try:
@@ -279,7 +285,7 @@ class Puller:
         except Exception as e:
             raise PullUnreachable(f"cannot open a pull stream to {who}: {e}") from e
         self.streams_opened += 1
-        return await self._ask(peer, who, stream, digest, max_bytes, size, reused=False)
+        return await self._ask(peer, who, stream, digest, max_bytes, size, progress, reused=False)
 
     def _take_idle(self, peer: PeerID) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
         """An open idle stream to ``peer`` young enough to reuse (older or ended ones are closed)."""
@@ -307,6 +313,7 @@ class Puller:
         digest: bytes,
         max_bytes: int,
         size: int | None,
+        progress: Progress | None,
         *,
         reused: bool,
     ) -> bytes:
@@ -336,7 +343,7 @@ class Puller:
                 raise PullNotFound(f"{who} does not have {digest.hex()[:16]}")
             if header.status is PullStatus.PRUNED:
                 raise PullPruned(f"{who} no longer has {digest.hex()[:16]} (pruned)")
-            data = await self._read_body(reader, header.size, digest, who)
+            data = await self._read_body(reader, header.size, digest, who, progress)
             clean = True
             return data
         finally:
@@ -345,7 +352,9 @@ class Puller:
             else:
                 writer.close()
 
-    async def _read_body(self, reader: asyncio.StreamReader, size: int, digest: bytes, who: str) -> bytes:
+    async def _read_body(
+        self, reader: asyncio.StreamReader, size: int, digest: bytes, who: str, progress: Progress | None
+    ) -> bytes:
         buf, hasher = bytearray(), hashlib.sha256()
         while len(buf) < size:
             n = min(_CHUNK, size - len(buf))
@@ -358,6 +367,8 @@ class Puller:
                 ) from None
             hasher.update(piece)
             buf += piece
+            if progress is not None:
+                progress(n)
         if hasher.digest() != digest:
             raise Rejected(
                 RejectCode.MALFORMED, "payload sha256 differs from the announced hash", peer_id=who

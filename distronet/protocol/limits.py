@@ -111,6 +111,15 @@ class StreamLimits:
     """Chunk hashes in one state manifest."""
     max_state_chunk_bytes: int = 64 * _MiB
     """One chunk of a state blob (donors use 4 MiB)."""
+    serve_window_s: int = 10
+    """The window over which each peer's requests and bytes served are counted (a server's own)."""
+    serve_requests_per_window: int = 512
+    """Requests one peer may make of one served protocol per window; past it its streams close."""
+    serve_concurrent_per_peer: int = 32
+    """Streams of one protocol served to one peer at once."""
+    serve_upload_share_pct: int = 50
+    """Most of the upload budget (rate x window + burst), in percent, that one peer may be served
+    per window; a peer past it is refused (LIMIT_EXCEEDED) while others are still served."""
     announced_hold_floor_bytes: int = 64 * 1024
     """Download budget an announced frame may hold while pulled even when its fair share (the
     budget by the deadline over the peers in the topic) is smaller; never more than it claims."""
@@ -120,6 +129,8 @@ class StreamLimits:
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"StreamLimits.{f.name} must be a positive int, got {value!r}")
+        if self.serve_upload_share_pct > 100:
+            raise ValueError("StreamLimits.serve_upload_share_pct is a percentage (1..100)")
 
 
 DEFAULT_STREAM_LIMITS = StreamLimits()

@@ -37,8 +37,9 @@ from distronet.node.swarm.budget import Bandwidth
 from distronet.node.swarm.errors import PullError, PullNotFound, PullPruned, PullTimeout, PullUnreachable
 from distronet.node.swarm.hivemind_shim import PeerID
 from distronet.node.swarm.p2p import SwarmHost
-from distronet.node.swarm.servicer import StreamCall, StreamRoute, StreamServicer, open_stream
+from distronet.node.swarm.servicer import PeerQuota, StreamCall, StreamRoute, StreamServicer, open_stream
 from distronet.protocol.errors import RejectCode, Rejected
+from distronet.protocol.limits import DEFAULT_STREAM_LIMITS, StreamLimits
 from distronet.protocol.pull import (
     PULL_HEADER_BYTES,
     PULL_PROTOCOL,
@@ -153,12 +154,16 @@ class Puller:
         protocol: str,
         reuse_streams: bool = False,
         idle_timeout_s: float = 60.0,
+        limits: StreamLimits = DEFAULT_STREAM_LIMITS,
     ) -> None:
         self.host, self.store, self.bandwidth = host, store, bandwidth
         self.serve_timeout_s, self.protocol = serve_timeout_s, protocol
         self.reuse_streams, self._idle_timeout_s = reuse_streams, idle_timeout_s
         self.served = 0
-        self.servicer = StreamServicer(host)
+        self.servicer = StreamServicer(host, quota=PeerQuota(
+            limits, upload_rate=None if bandwidth.up.unlimited else bandwidth.up.metered_rate,
+            upload_burst=bandwidth.up.burst,
+        ))  # fmt: skip
         self.streams_opened = 0  # pull streams this puller opened (reused ones counted once)
         self._idle: dict[bytes, list[tuple[float, asyncio.StreamReader, asyncio.StreamWriter]]] = {}
 
@@ -224,6 +229,7 @@ class Puller:
             call.write(encode_pull_header(PullStatus.TOO_LARGE, len(data)))
         else:
             head = encode_pull_header(PullStatus.OK, len(data))
+            call.charge(len(head) + len(data))  # the asker's upload share, before any byte goes
             self.bandwidth.sent(len(head))
             call.write(head)
             view = memoryview(data)

@@ -16,7 +16,11 @@ The servicer owns the framing and the error mapping for every route:
 - ``Rejected`` from a handler closes the stream, counted in ``rejected`` by code; a late or
   vanished asker (timeout, incomplete read, ``ConnectionError``) closes it quietly; any other
   error is a bug in this node, logged with its traceback, and closes the stream — nothing
-  escapes into p2pd's stream dispatch. The stream is closed on every path.
+  escapes into p2pd's stream dispatch. The stream is closed on every path;
+- every peer is held to its :class:`PeerQuota` (``StreamLimits.serve_*``): requests per window
+  and streams at once, per protocol, and bytes answered per window (a share of the upload
+  budget, when the owner passes one). A peer past any of them is refused ``LIMIT_EXCEEDED``
+  (the stream closes, nothing more is sent) while other peers are still served.
 
 The asking side: :func:`ask` opens a stream, sends one request and reads one answer with a
 reader coroutine built of ``protocol/`` decoders, within one deadline, mapping failures to
@@ -29,8 +33,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -39,21 +45,115 @@ from distronet.node.swarm.errors import DaemonError, StreamError
 from distronet.node.swarm.hivemind_shim import PeerID, StreamInfo
 from distronet.node.swarm.p2p import SwarmHost, with_deadline
 from distronet.protocol.errors import RejectCode, Rejected
+from distronet.protocol.limits import DEFAULT_STREAM_LIMITS, StreamLimits
 
-__all__ = ["StreamCall", "StreamHandler", "StreamRoute", "StreamServicer", "ask", "open_stream"]
+__all__ = [
+    "PeerQuota",
+    "StreamCall",
+    "StreamHandler",
+    "StreamRoute",
+    "StreamServicer",
+    "ask",
+    "open_stream",
+]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+_MAX_TRACKED = 4096  # peers remembered per quota; past it, windows that ended are forgotten
+
+
+class _Window:
+    __slots__ = ("bytes", "requests", "start")
+
+    def __init__(self, start: float) -> None:
+        self.start, self.requests, self.bytes = start, 0, 0
+
+
+class PeerQuota:
+    """What one peer may ask of one servicer (module doc). ``upload_rate``/``upload_burst``:
+    the upload budget that bytes are a share of (None or inf: bytes are not capped). O(1)."""
+
+    def __init__(
+        self,
+        limits: StreamLimits = DEFAULT_STREAM_LIMITS,
+        *,
+        upload_rate: float | None = None,
+        upload_burst: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.limits, self._clock = limits, clock
+        budget = math.inf if upload_rate is None else upload_rate * limits.serve_window_s + upload_burst
+        self.max_bytes = budget * limits.serve_upload_share_pct / 100
+        self._windows: dict[bytes, _Window] = {}
+        self._active: Counter[bytes] = Counter()
+
+    def _window(self, peer: bytes) -> _Window:
+        now = self._clock()
+        w = self._windows.get(peer)
+        if w is None or now - w.start >= self.limits.serve_window_s:
+            if len(self._windows) >= _MAX_TRACKED:
+                span = self.limits.serve_window_s
+                self._windows = {p: v for p, v in self._windows.items() if now - v.start < span}
+            w = self._windows[peer] = _Window(now)
+        return w
+
+    @contextlib.contextmanager
+    def stream(self, peer: bytes) -> Iterator[None]:
+        """Hold one of ``peer``'s concurrent streams. Raises Rejected(LIMIT_EXCEEDED)."""
+        if self._active[peer] >= self.limits.serve_concurrent_per_peer:
+            raise Rejected(RejectCode.LIMIT_EXCEEDED, f"over {self.limits.serve_concurrent_per_peer} streams")
+        self._active[peer] += 1
+        try:
+            yield
+        finally:
+            self._active[peer] -= 1
+            if not self._active[peer]:
+                del self._active[peer]
+
+    def request(self, peer: bytes) -> None:
+        """Count one request of ``peer``. Raises Rejected(LIMIT_EXCEEDED) past the window's."""
+        w = self._window(peer)
+        if w.requests >= self.limits.serve_requests_per_window:
+            raise Rejected(RejectCode.LIMIT_EXCEEDED, f"over {w.requests} requests this window")
+        w.requests += 1
+
+    def spend(self, peer: bytes, nbytes: int) -> None:
+        """Count ``nbytes`` answered to ``peer``. Raises Rejected(LIMIT_EXCEEDED), counting
+        nothing, when they would take it past its share of the upload budget this window."""
+        w = self._window(peer)
+        if w.bytes + nbytes > self.max_bytes:
+            raise Rejected(RejectCode.LIMIT_EXCEEDED, f"over its upload share ({self.max_bytes:.0f} bytes)")
+        w.bytes += nbytes
 
 
 class StreamCall:
     """One request on a served stream: who asked, what, and the stream to answer on."""
 
-    def __init__(self, peer: PeerID | None, request: bytes, writer: asyncio.StreamWriter) -> None:
-        self.peer, self.request, self._writer = peer, request, writer
+    def __init__(
+        self,
+        peer: PeerID | None,
+        request: bytes,
+        writer: asyncio.StreamWriter,
+        quota: PeerQuota | None = None,
+    ) -> None:
+        self.peer, self.request, self._writer, self._quota = peer, request, writer, quota
+        self._prepaid = 0
+
+    def charge(self, nbytes: int) -> None:
+        """Count ``nbytes`` of answer against the asker's upload share before writing them (the
+        writes that follow are not counted again). Raises Rejected(LIMIT_EXCEEDED)."""
+        if self._quota is not None and self.peer is not None:
+            self._quota.spend(self.peer.to_bytes(), nbytes)
+        self._prepaid += nbytes
 
     def write(self, data: bytes | memoryview) -> None:
-        """Queue answer bytes. Raises ConnectionResetError when the asker has closed the stream."""
+        """Queue answer bytes, counted against the asker's upload share unless charged already.
+        Raises ConnectionResetError when the asker has closed the stream, Rejected(LIMIT_EXCEEDED)
+        when the bytes would take it past its share (nothing is written)."""
+        paid = min(self._prepaid, len(data))
+        if len(data) > paid:
+            self.charge(len(data) - paid)
+        self._prepaid -= len(data)
         control.write_stream(self._writer, data)
 
     async def drain(self) -> None:
@@ -84,8 +184,9 @@ class StreamServicer:
     """The routes one owner serves on one host. ``host`` None: routes can be served on any
     stream pair (:meth:`handle`, tests) but not registered with p2pd."""
 
-    def __init__(self, host: SwarmHost | None) -> None:
+    def __init__(self, host: SwarmHost | None, quota: PeerQuota | None = None) -> None:
         self.host = host
+        self.quota = PeerQuota() if quota is None else quota
         self.routes: dict[str, StreamRoute] = {}
         self.served: Counter[str] = Counter()  # requests answered, by protocol
         self.rejected: Counter[RejectCode] = Counter()  # requests refused, by code
@@ -140,22 +241,9 @@ class StreamServicer:
         writer: asyncio.StreamWriter,
     ) -> None:
         """Serve ``route`` on one stream until it is done (module doc); closes the stream."""
-        wait = route.read_s
         try:
-            while True:
-                try:
-                    request = await asyncio.wait_for(reader.readexactly(route.request_bytes), wait)
-                except asyncio.IncompleteReadError as e:
-                    if e.partial:
-                        raise Rejected(RejectCode.TRUNCATED, f"{route.protocol} request ends early") from None
-                    return  # the asker is done with this stream
-                await asyncio.wait_for(
-                    self._answer(route, StreamCall(peer, request, writer)), route.deadline_s
-                )
-                self.served[route.protocol] += 1
-                if route.idle_s is None:
-                    return
-                wait = route.idle_s
+            with self._held(peer):
+                await self._serve(route, peer, reader, writer)
         except Rejected as e:
             self.rejected[e.code] += 1
             log.debug("%s from %s refused: %s", route.protocol, peer, e)
@@ -166,6 +254,33 @@ class StreamServicer:
             log.exception("%s handler failed on a request from %s", route.protocol, peer)
         finally:
             writer.close()
+
+    def _held(self, peer: PeerID | None) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext() if peer is None else self.quota.stream(peer.to_bytes())
+
+    async def _serve(
+        self,
+        route: StreamRoute,
+        peer: PeerID | None,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        wait = route.read_s
+        while True:
+            try:
+                request = await asyncio.wait_for(reader.readexactly(route.request_bytes), wait)
+            except asyncio.IncompleteReadError as e:
+                if e.partial:
+                    raise Rejected(RejectCode.TRUNCATED, f"{route.protocol} request ends early") from None
+                return  # the asker is done with this stream
+            if peer is not None:
+                self.quota.request(peer.to_bytes())
+            call = StreamCall(peer, request, writer, self.quota)
+            await asyncio.wait_for(self._answer(route, call), route.deadline_s)
+            self.served[route.protocol] += 1
+            if route.idle_s is None:
+                return
+            wait = route.idle_s
 
     @staticmethod
     async def _answer(route: StreamRoute, call: StreamCall) -> None:

@@ -283,7 +283,9 @@ class Puller:
         idle = self._take_idle(peer)
         if idle is not None:
             try:
-                return await self._ask(peer, who, idle, digest, max_bytes, size, progress, reused=True)
+                return await self._ask(
+                    peer, who, idle, digest, max_bytes, size, reused=True, progress=progress
+                )
             except _Stale:
                 pass
         try:
@@ -291,7 +293,7 @@ class Puller:
         except Exception as e:
             raise PullUnreachable(f"cannot open a pull stream to {who}: {e}") from e
         self.streams_opened += 1
-        return await self._ask(peer, who, stream, digest, max_bytes, size, progress, reused=False)
+        return await self._ask(peer, who, stream, digest, max_bytes, size, reused=False, progress=progress)
 
     def _take_idle(self, peer: PeerID) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
         """An open idle stream to ``peer`` young enough to reuse (older or ended ones are closed)."""
@@ -319,9 +321,9 @@ class Puller:
         digest: bytes,
         max_bytes: int,
         size: int | None,
-        progress: Progress | None,
         *,
         reused: bool,
+        progress: Progress | None = None,
     ) -> bytes:
         """One request on ``stream``; it goes back to the idle pool after a clean answer (when
         ``reuse_streams``), else it is closed. Raises ``_Stale`` when a reused stream had ended."""

@@ -21,7 +21,13 @@ The puller checks the declared size against its limit (and the announced size) *
 reads through the download budget, verifies the hash, and keeps the bytes in its own store so
 that other peers can pull them from it. The server sends through the upload budget. Every byte
 of both messages is counted (``Bandwidth.send``/``receive``/``sent``/``received``: the wire
-estimate, and the acknowledgements each direction causes in the other).
+estimate, and the acknowledgements each direction causes in the other). ``fetch(progress=...)``
+is told each piece of body as it arrives (the exchange settles its download holds with it).
+
+Serving is held to the servicer's per-peer quota (``servicer.PeerQuota``, ``StreamLimits``
+``serve_*``): a whole answer is charged against the asker's share of the upload budget before
+its first byte, so a peer past its share is refused (``LIMIT_EXCEEDED``, stream closed) without
+a partial answer, while other peers are still served.
 """
 
 from __future__ import annotations

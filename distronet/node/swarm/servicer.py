@@ -94,6 +94,8 @@ class PeerQuota:
             if len(self._windows) >= _MAX_TRACKED:
                 span = self.limits.serve_window_s
                 self._windows = {p: v for p, v in self._windows.items() if now - v.start < span}
+                if len(self._windows) >= _MAX_TRACKED:
+                    raise Rejected(RejectCode.LIMIT_EXCEEDED, f"over {_MAX_TRACKED} peers served this window")
             w = self._windows[peer] = _Window(now)
         return w
 

@@ -101,3 +101,18 @@ def test_requests_and_streams_per_peer_are_capped() -> None:
     unlimited.spend(b"a", 1 << 40)  # no upload rate given: bytes are not capped
     with pytest.raises(ValueError):
         StreamLimits(serve_upload_share_pct=101)
+
+
+def test_peers_tracked_per_window_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from distronet.node.swarm import servicer
+
+    monkeypatch.setattr(servicer, "_MAX_TRACKED", 3)
+    now = [0.0]
+    quota = PeerQuota(StreamLimits(serve_window_s=10), clock=lambda: now[0])
+    for p in (b"a", b"b", b"c"):
+        quota.request(p)
+    with pytest.raises(Rejected):
+        quota.request(b"d")  # a fourth peer in the same window
+    quota.request(b"a")  # known peers are still served
+    now[0] = 10.0
+    quota.request(b"d")  # the old windows ended: forgotten

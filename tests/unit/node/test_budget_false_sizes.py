@@ -51,7 +51,9 @@ async def test_false_sizes_do_not_starve_honest_frames() -> None:
     liars = [Identity.generate().peer_id for _ in range(3)]
     honest = [Identity.generate().peer_id for _ in range(5)]
     bw = Bandwidth.from_rates("unlimited", "4MB/s", wire=EXACT)
-    swarm = SimpleNamespace(bandwidth=bw, puller=FakePuller(set(liars)), identity=Identity.generate())
+    swarm = SimpleNamespace(
+        bandwidth=bw, puller=FakePuller(set(liars)), identity=Identity.generate(), run_id="r"
+    )
     ex = AsyncSwarmExchange(swarm, ExchangeConfig(round_deadline_s=2.0), None)  # type: ignore[arg-type]
     ex._subscribed = set(liars) | set(honest)
     state = RoundState(opened_at=time.monotonic())

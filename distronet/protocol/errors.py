@@ -61,6 +61,7 @@ class RejectCode(enum.IntEnum):
     STALE_STEP = 13
     UNKNOWN_PEER = 14
     WRONG_PEER = 15
+    OFF_PLAN = 16
 
 
 REJECT_MEANING: dict[RejectCode, str] = {
@@ -79,6 +80,7 @@ REJECT_MEANING: dict[RejectCode, str] = {
     RejectCode.STALE_STEP: "the step is outside the window this node accepts",
     RejectCode.UNKNOWN_PEER: "the sender is not a member of the run",
     RejectCode.WRONG_PEER: "the peer id in the message differs from the connection's peer",
+    RejectCode.OFF_PLAN: "a packet's tensor set, per-tensor k, value coding or index coding differs from the run's plan",
 }
 
 

@@ -1,0 +1,172 @@
+"""Cheap, deterministic checks of a round's packets: what to drop, clip, flag and neutralise.
+
+``Guard.judge(dec)`` looks only at the round's accepted payloads (peer-id order) and its own
+replicated history (flags so far), so every replica that applied the same rounds reaches the
+same ``Verdict``. Flagged packets earn no credit (``Verdict.credited``); a peer flagged in
+``neutralise_after`` rounds is neutralised: its packets are left out of every later round.
+
+What each check catches, and what it does not:
+
+* **dropped** (norm not finite, or over ``drop_multiple`` × median): ±max-float values, absurdly
+  scaled packets. Never reaches the sum. Misses nothing the clip would not bound anyway.
+* **flag "norm"** (norm over ``flag_multiple`` × median): scaled-up gradients (×1e6, ×−1e4).
+  Misses a hostile packet of honest size.
+* **flag "zero"** (norm under ``zero_ratio`` × median): free-riding with empty packets. Misses a
+  free rider who sends small noise of honest size (that needs the credit side's data checks).
+* **flag "copy"** (an exact duplicate of another packet's indices and values this round): a peer
+  re-signing another's packet. The copy counts once in the sum. Both members of the pair are
+  flagged for that round (nothing in the bytes says who copied; the credit side's recomputation
+  can), so copying costs its victim that round's credit; copy flags do not neutralise.
+  Misses a copy with a few values perturbed.
+* **flag "cosine"** (cosine ≤ 0 with the combined packets of the others, in ``cos_bad`` of the
+  last ``cos_window`` rounds): sign-flipped gradients, random indices and values. Misses a
+  hostile packet that is mostly honest (a small bias), and cannot tell a peer whose honest data
+  disagrees with everyone's from an attacker.
+* **stale replay** (an old packet of one's own) never gets here: ``open_round`` rejects a
+  packet for another step (STALE_STEP), and one not in the run's plan (OFF_PLAN).
+
+Rounds of fewer than ``min_peers`` packets get only the finiteness rule: a median of two is no
+statistic. The history is replicated state of the optimizer; a replica that adopts the swarm's
+state mid-run starts with a clean history (the neutralised set is not yet part of the state).
+Cost per round: one float64 pass over the values (norms), one hash per packet, one bincount.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+from collections.abc import Sequence
+
+import numpy as np
+
+from distronet.node.optim import robust
+from distronet.node.optim.config import Robust
+from distronet.node.optim.packets import DecodedRound, TensorPlan
+
+__all__ = ["Guard", "Verdict"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """One round's decision: the packets combined (``keep``, indices into ``dec.peers``) and their
+    ``scales``; the ``dropped`` peers; per flagged peer, why; the peers neutralised so far."""
+
+    keep: tuple[int, ...]
+    scales: tuple[float, ...]
+    dropped: tuple[bytes, ...]
+    flagged: dict[bytes, str]
+    neutralised: frozenset[bytes]
+    norms: tuple[float, ...]
+
+    def credited(self, peers: Sequence[bytes]) -> tuple[bytes, ...]:
+        """Of the round's accepted ``peers``, those that earn credit: combined and not flagged."""
+        kept = {peers[i] for i in self.keep}
+        return tuple(p for p in peers if p in kept and p not in self.flagged)
+
+    def salt(self) -> bytes:
+        """What decided the selection and scales (mixed into the round's cache key)."""
+        return repr((self.keep, self.scales)).encode()
+
+
+class Guard:
+    """One replica's checks and their replicated history (module docstring)."""
+
+    def __init__(self, cfg: Robust, plans: Sequence[TensorPlan]) -> None:
+        self.cfg = cfg
+        self.bases, self.total = robust.coefficient_bases(plans)
+        self.flag_rounds: dict[bytes, int] = collections.Counter()
+        self.cos_history: dict[bytes, collections.deque[bool]] = {}
+        self.neutralised: dict[bytes, int] = {}
+
+    def judge(self, dec: DecodedRound) -> tuple[Verdict, list[np.ndarray]]:
+        """The round's ``Verdict`` (updating the history) and each packet's coefficient positions."""
+        cfg = self.cfg
+        norms = robust.packet_norms(dec.flats)
+        live = [i for i, p in enumerate(dec.peers) if p not in self.neutralised]
+        small = len(live) < cfg.min_peers
+        med = robust.median([norms[i] for i in live])
+        bound = cfg.drop_multiple * med
+        dropped = [i for i in live if not np.isfinite(norms[i]) or (not small and norms[i] > bound)]
+        keep = [i for i in live if i not in dropped]
+        flagged: dict[bytes, str] = {}
+        gidx: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(dec.flats)
+        if small or cfg.combine == "none":
+            scales = [1.0] * len(keep)
+        else:
+            scales = robust.clip_scales([norms[i] for i in keep], med, cfg.clip_multiple)
+            keep, scales = self._dedupe(dec, keep, scales, flagged)
+            for i in keep:
+                gidx[i] = robust.global_index(dec.flats[i], self.bases)
+            self._flag_sizes(dec, keep, norms, med, flagged)
+            self._flag_cosines(dec, keep, scales, gidx, flagged)
+        for p in dropped:
+            flagged[dec.peers[p]] = "dropped"
+        self._neutralise(dec.step, flagged)
+        verdict = Verdict(
+            tuple(keep),
+            tuple(scales),
+            tuple(dec.peers[i] for i in dropped),
+            flagged,
+            frozenset(self.neutralised),
+            tuple(norms),
+        )
+        return verdict, gidx
+
+    def _dedupe(
+        self, dec: DecodedRound, keep: list[int], scales: list[float], flagged: dict[bytes, str]
+    ) -> tuple[list[int], list[float]]:
+        """Exact copies count once (the first in peer-id order); every member of a copy group is
+        flagged ``"copy"``."""
+        first: dict[bytes, int] = {}
+        out_k, out_s = [], []
+        for i, s in zip(keep, scales, strict=True):
+            f = dec.flats[i]
+            h = hashlib.sha256(f.tensor_ids.tobytes() + f.idx.tobytes() + f.val.tobytes()).digest()
+            if h in first:
+                flagged[dec.peers[i]] = flagged[dec.peers[first[h]]] = "copy"
+                continue
+            first[h] = i
+            out_k.append(i)
+            out_s.append(s)
+        return out_k, out_s
+
+    def _flag_sizes(
+        self, dec: DecodedRound, keep: list[int], norms: list[float], med: float, flagged: dict[bytes, str]
+    ) -> None:
+        for i in keep:
+            if norms[i] > self.cfg.flag_multiple * med:
+                flagged.setdefault(dec.peers[i], "norm")
+            elif norms[i] <= self.cfg.zero_ratio * med:
+                flagged.setdefault(dec.peers[i], "zero")
+
+    def _flag_cosines(
+        self,
+        dec: DecodedRound,
+        keep: list[int],
+        scales: list[float],
+        gidx: list[np.ndarray],
+        flagged: dict[bytes, str],
+    ) -> None:
+        """Sign of ``<p_i, A − s_i·p_i>`` with ``A`` the clipped sum (float64, fixed order); a peer
+        bad in ``cos_bad`` of its last ``cos_window`` rounds is flagged ``"cosine"``."""
+        if not keep:
+            return
+        pos = np.concatenate([gidx[i] for i in keep])
+        w = np.concatenate([dec.flats[i].val.astype(np.float64) * s for i, s in zip(keep, scales, strict=True)])
+        agg = np.bincount(pos, weights=w, minlength=self.total)
+        for i, s in zip(keep, scales, strict=True):
+            v = dec.flats[i].val.astype(np.float64)
+            inner = float(np.dot(v, agg[gidx[i]])) - s * float(np.dot(v, v))
+            hist = self.cos_history.setdefault(dec.peers[i], collections.deque(maxlen=self.cfg.cos_window))
+            hist.append(inner <= 0.0)
+            if sum(hist) >= self.cfg.cos_bad:
+                flagged.setdefault(dec.peers[i], "cosine")
+
+    def _neutralise(self, step: int, flagged: dict[bytes, str]) -> None:
+        for peer, why in sorted(flagged.items()):
+            if why == "copy":
+                continue
+            self.flag_rounds[peer] += 1
+            if self.flag_rounds[peer] >= self.cfg.neutralise_after and peer not in self.neutralised:
+                self.neutralised[peer] = step

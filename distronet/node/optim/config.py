@@ -223,8 +223,9 @@ class Robust:
     ``"median"`` takes the coordinate-wise median; ``"none"`` is the plain mean (old path, still
     guarded against non-finite sums). A packet whose norm is over ``drop_multiple`` × median (or
     not finite) is dropped. Flags (no credit): norm over ``flag_multiple`` × median, norm under
-    ``zero_ratio`` × median, an exact copy of another packet, a cosine ≤ 0 with the other
-    packets' aggregate in ``cos_bad`` of the last ``cos_window`` rounds. A peer flagged in
+    ``zero_ratio`` × median, an exact copy of another packet, a mean cosine with the other
+    packets' aggregate over its last ``cos_window`` rounds that is ≤ 0 and ``cos_gap`` below the
+    round's median of those means. A peer flagged in
     ``neutralise_after`` rounds is left out of every later round. Rounds of fewer than
     ``min_peers`` packets are only clipped to finite values (no median to speak of)."""
 
@@ -235,7 +236,7 @@ class Robust:
     flag_multiple: float = 8.0
     zero_ratio: float = 1e-3
     cos_window: int = 8
-    cos_bad: int = 6
+    cos_gap: float = 0.1
     neutralise_after: int = 5
     min_peers: int = 3
 
@@ -248,7 +249,7 @@ class Robust:
         _check(c, "flag_multiple", self.flag_multiple >= 1.0, f"must be >= 1, got {self.flag_multiple}")
         _check(c, "zero_ratio", 0.0 <= self.zero_ratio < 1.0, f"must be in [0, 1), got {self.zero_ratio}")
         _check(c, "cos_window", self.cos_window >= 1, f"must be >= 1, got {self.cos_window}")
-        _check(c, "cos_bad", 1 <= self.cos_bad <= self.cos_window, "must be in [1, cos_window]")
+        _check(c, "cos_gap", 0.0 <= self.cos_gap <= 2.0, f"must be in [0, 2], got {self.cos_gap}")
         _check(c, "neutralise_after", self.neutralise_after >= 1, f"must be >= 1, got {self.neutralise_after}")
         _check(c, "min_peers", self.min_peers >= 3, f"must be >= 3, got {self.min_peers}")
 

@@ -51,7 +51,11 @@ __all__ = [
 
 def packet_norms(flats: Sequence[FlatPayload]) -> list[float]:
     """Each packet's coefficient-space L2 norm (float64 accumulation; ``inf`` only on overflow)."""
-    return [float(np.sqrt(np.dot(f.val.astype(np.float64), f.val.astype(np.float64)))) for f in flats]
+    out = []
+    for f in flats:
+        v = f.val.astype(np.float64)
+        out.append(float(np.sqrt(np.dot(v, v))))
+    return out
 
 
 def median(values: Sequence[float]) -> float:

@@ -18,10 +18,13 @@ What each check catches, and what it does not:
   flagged for that round (nothing in the bytes says who copied; the credit side's recomputation
   can), so copying costs its victim that round's credit; copy flags do not neutralise.
   Misses a copy with a few values perturbed.
-* **flag "cosine"** (cosine ≤ 0 with the combined packets of the others, in ``cos_bad`` of the
-  last ``cos_window`` rounds): sign-flipped gradients, random indices and values. Misses a
-  hostile packet that is mostly honest (a small bias), and cannot tell a peer whose honest data
-  disagrees with everyone's from an attacker.
+* **flag "cosine"** (the peer's cosine with the combined packets of the others, averaged over its
+  last ``cos_window`` rounds, is ≤ 0 and ``cos_gap`` below the round's median of those averages):
+  sign-flipped gradients, random indices and values, while the honest peers still agree. Near
+  convergence, where honest packets are mostly noise and their cosines near 0, nothing is far
+  from the median and nothing is flagged (nor does a flipped packet of noise do much harm).
+  Misses a hostile packet that is mostly honest (a small bias), and cannot tell a peer whose
+  honest data disagrees with everyone's from an attacker.
 * **stale replay** (an old packet of one's own) never gets here: ``open_round`` rejects a
   packet for another step (STALE_STEP), and one not in the run's plan (OFF_PLAN).
 
@@ -40,6 +43,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from distronet.kernels.coding import FlatPayload
 from distronet.node.optim import robust
 from distronet.node.optim.config import Robust
 from distronet.node.optim.packets import DecodedRound, TensorPlan
@@ -76,8 +80,21 @@ class Guard:
         self.cfg = cfg
         self.bases, self.total = robust.coefficient_bases(plans)
         self.flag_rounds: dict[bytes, int] = collections.Counter()
-        self.cos_history: dict[bytes, collections.deque[bool]] = {}
+        self.cos_history: dict[bytes, collections.deque[float]] = {}
         self.neutralised: dict[bytes, int] = {}
+        self._patterns: dict[tuple[bytes, bytes], np.ndarray] = {}
+
+    def positions(self, flat: FlatPayload) -> np.ndarray:
+        """``robust.global_index(flat)``, with the part that depends only on the payload's structure
+        (tensors, k, chunks) computed once per structure."""
+        key = (flat.structure, flat.n.tobytes())
+        pat = self._patterns.get(key)
+        if pat is None:
+            zero = dataclasses.replace(flat, idx=np.zeros_like(flat.idx))
+            pat = self._patterns[key] = robust.global_index(zero, self.bases)
+            while len(self._patterns) > 8:
+                del self._patterns[next(iter(self._patterns))]
+        return pat + flat.idx
 
     def judge(self, dec: DecodedRound) -> tuple[Verdict, list[np.ndarray]]:
         """The round's ``Verdict`` (updating the history) and each packet's coefficient positions."""
@@ -97,7 +114,7 @@ class Guard:
             scales = robust.clip_scales([norms[i] for i in keep], med, cfg.clip_multiple)
             keep, scales = self._dedupe(dec, keep, scales, flagged)
             for i in keep:
-                gidx[i] = robust.global_index(dec.flats[i], self.bases)
+                gidx[i] = self.positions(dec.flats[i])
             self._flag_sizes(dec, keep, norms, med, flagged)
             self._flag_cosines(dec, keep, scales, gidx, flagged)
         for p in dropped:
@@ -148,19 +165,28 @@ class Guard:
         gidx: list[np.ndarray],
         flagged: dict[bytes, str],
     ) -> None:
-        """Sign of ``<p_i, A − s_i·p_i>`` with ``A`` the clipped sum (float64, fixed order); a peer
-        bad in ``cos_bad`` of its last ``cos_window`` rounds is flagged ``"cosine"``."""
-        if not keep:
+        """Cosine of ``s_i·p_i`` with ``A − s_i·p_i`` (``A`` the clipped sum; float64, fixed order),
+        averaged over each peer's last ``cos_window`` rounds; flag the averages ≤ 0 that lie
+        ``cos_gap`` below the round's median average."""
+        if len(keep) < self.cfg.min_peers:
             return
         pos = np.concatenate([gidx[i] for i in keep])
         w = np.concatenate([dec.flats[i].val.astype(np.float64) * s for i, s in zip(keep, scales, strict=True)])
         agg = np.bincount(pos, weights=w, minlength=self.total)
+        agg_sq = float(np.dot(agg, agg))
+        means: dict[int, float] = {}
         for i, s in zip(keep, scales, strict=True):
-            v = dec.flats[i].val.astype(np.float64)
-            inner = float(np.dot(v, agg[gidx[i]])) - s * float(np.dot(v, v))
+            v = dec.flats[i].val.astype(np.float64) * s
+            vv, dot = float(np.dot(v, v)), float(np.dot(v, agg[gidx[i]]))
+            others_sq = max(agg_sq - 2.0 * dot + vv, 0.0)
+            denom = np.sqrt(vv * others_sq)
+            cos = (dot - vv) / denom if denom > 0 else 0.0
             hist = self.cos_history.setdefault(dec.peers[i], collections.deque(maxlen=self.cfg.cos_window))
-            hist.append(inner <= 0.0)
-            if sum(hist) >= self.cfg.cos_bad:
+            hist.append(float(cos))
+            means[i] = sum(hist) / len(hist)
+        mid = robust.median(list(means.values()))
+        for i, m in means.items():
+            if m <= 0.0 and m < mid - self.cfg.cos_gap:
                 flagged.setdefault(dec.peers[i], "cosine")
 
     def _neutralise(self, step: int, flagged: dict[bytes, str]) -> None:

@@ -80,7 +80,7 @@ REJECT_MEANING: dict[RejectCode, str] = {
     RejectCode.STALE_STEP: "the step is outside the window this node accepts",
     RejectCode.UNKNOWN_PEER: "the sender is not a member of the run",
     RejectCode.WRONG_PEER: "the peer id in the message differs from the connection's peer",
-    RejectCode.OFF_PLAN: "a packet's tensor set, per-tensor k, value coding or index coding differs from the run's plan",
+    RejectCode.OFF_PLAN: "the packet's tensor set, k or value/index coding differs from the run's plan",
 }
 
 

@@ -1,4 +1,5 @@
-"""The engine of `distro-node bench hostile` (``bench/hostile.py``): one hostile peer of eight, attack by attack, through the real code.
+"""The engine of `distro-node bench hostile` (``bench/hostile.py``): one hostile peer of eight,
+attack by attack, through the real code.
 
 Eight in-process peers (real ``DistroOptimizer``s over a ``MemoryHub``: packets built by
 ``build_packet``, sealed and signed, opened by ``open_round``) train a small MLP on a noisy
@@ -147,7 +148,9 @@ def _recode(
         plan = plans[t.tensor_id]
         idx, val = change(t.tensor_id, t.idx.copy(), t.val.copy())
         vc = coding or (ex.dense_value_coding if plan.dense else ex.value_coding)
-        enc, _ = encode_tensor(t.tensor_id, idx, val.astype(np.float32), plan.layout.chunk_numel, vc, ex.index_coding)
+        enc, _ = encode_tensor(
+            t.tensor_id, idx, val.astype(np.float32), plan.layout.chunk_numel, vc, ex.index_coding
+        )
         out.append(enc)
     return seal_packet(ident, cfg.run_id, pkt.step, pkt.layout_digest, encode_payload(out))
 
@@ -184,11 +187,15 @@ def _attack(
     if name == "random_indices":
         return lambda step, fr: _recode(fr, ident, plans, cfg, digest, rand_idx)
     if name == "off_plan":  # fp32 values (the run codes int8), scaled up: more influence per packet
-        return lambda step, fr: _recode(fr, ident, plans, cfg, digest, lambda t, i, v: (i, v * 1e3), ValueCoding.FP32)
+        return lambda step, fr: _recode(
+            fr, ident, plans, cfg, digest, lambda t, i, v: (i, v * 1e3), ValueCoding.FP32
+        )
     if name == "stale_replay":
         return lambda step, fr: sent.get((ident.peer_id, step - 3), fr)
     if name == "copy":
-        return lambda step, fr: _recode(sent[(victim, step)], ident, plans, cfg, digest, lambda t, i, v: (i, v))
+        return lambda step, fr: _recode(
+            sent[(victim, step)], ident, plans, cfg, digest, lambda t, i, v: (i, v)
+        )
     if name == "ground_leader_key":
         return vals(lambda v: v * 1e6)
     return None
@@ -210,7 +217,9 @@ def run_attack(
     hub = MemoryHub()
     cache = DecodeCache(max_entries=4 * N_PEERS, max_rounds=2 if share_rounds else 0)
     sent: dict[tuple[bytes, int], bytes] = {}
-    idents = [Identity.from_seed(hashlib.sha256(f"hostile/{s.seed}/{i}".encode()).digest()) for i in range(N_PEERS)]
+    idents = [
+        Identity.from_seed(hashlib.sha256(f"hostile/{s.seed}/{i}".encode()).digest()) for i in range(N_PEERS)
+    ]
     admitted = frozenset(i.peer_id for i in idents)
     if attack == "ground_leader_key":
         idents[HOSTILE] = Identity.from_seed(hashlib.sha256(b"hostile/fresh-never-admitted").digest())
@@ -293,5 +302,3 @@ def run_all(s: HostileSetting, attacks: tuple[str, ...] = ATTACKS) -> list[dict[
         r["val_loss_ratio"] = r["val_loss"] / clean["val_loss"]
         r["honest_credit_ratio"] = r["honest_credit"] / clean["honest_credit"]
     return rows
-
-

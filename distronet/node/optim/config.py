@@ -242,7 +242,12 @@ class Robust:
 
     def __post_init__(self) -> None:
         c = "robust"
-        _check(c, "combine", self.combine in COMBINERS, f"unknown {self.combine!r}; known: {', '.join(COMBINERS)}")
+        _check(
+            c,
+            "combine",
+            self.combine in COMBINERS,
+            f"unknown {self.combine!r}; known: {', '.join(COMBINERS)}",
+        )
         _check(c, "clip_multiple", self.clip_multiple >= 1.0, f"must be >= 1, got {self.clip_multiple}")
         _check(c, "trim", self.trim >= 0, f"must be >= 0, got {self.trim}")
         _check(c, "drop_multiple", self.drop_multiple >= self.flag_multiple, "must be >= flag_multiple")
@@ -250,7 +255,9 @@ class Robust:
         _check(c, "zero_ratio", 0.0 <= self.zero_ratio < 1.0, f"must be in [0, 1), got {self.zero_ratio}")
         _check(c, "cos_window", self.cos_window >= 1, f"must be >= 1, got {self.cos_window}")
         _check(c, "cos_gap", 0.0 <= self.cos_gap <= 2.0, f"must be in [0, 2], got {self.cos_gap}")
-        _check(c, "neutralise_after", self.neutralise_after >= 1, f"must be >= 1, got {self.neutralise_after}")
+        _check(
+            c, "neutralise_after", self.neutralise_after >= 1, f"must be >= 1, got {self.neutralise_after}"
+        )
         _check(c, "min_peers", self.min_peers >= 3, f"must be >= 3, got {self.min_peers}")
 
 

@@ -48,12 +48,12 @@ from torch import nn
 from distronet.kernels.dct import dct_chunks
 from distronet.kernels.decode import decode_sum
 from distronet.node.exchange.base import Exchange, Round
-from distronet.node.optim.aggregate import round_sums
 from distronet.node.optim import robust
+from distronet.node.optim.aggregate import round_sums
 from distronet.node.optim.config import ORTHO_SKIP, DistroConfig, UpdateRule, lr_at
 from distronet.node.optim.packets import (
-    DecodedRound,
     DecodeCache,
+    DecodedRound,
     SentTensor,
     TensorPlan,
     build_packet,
@@ -360,7 +360,15 @@ class DistroOptimizer(torch.optim.Optimizer):
         combined = tuple(comb.peers[i] for i in used.tolist()) if used is not None else ()
         credited = tuple(p for p in verdict.credited(dec.peers) if p in combined)
         report = StepReport(
-            rnd.step, lr, dec.peers, dec.rejected, own, combined, credited, verdict.flagged, verdict.neutralised
+            rnd.step,
+            lr,
+            dec.peers,
+            dec.rejected,
+            own,
+            combined,
+            credited,
+            verdict.flagged,
+            verdict.neutralised,
         )
         applied: list[torch.Tensor] = []
         blocked = 0
@@ -405,7 +413,11 @@ class DistroOptimizer(torch.optim.Optimizer):
         used = list(range(len(comb.peers)))
         one_payload = len(comb.flats) != len(comb.peers)  # a trimmed round: one synthetic payload
         while used:
-            part = comb if len(used) == len(comb.peers) else robust.scaled_round(comb, used, [1.0] * len(used), b"")
+            part = (
+                comb
+                if len(used) == len(comb.peers)
+                else robust.scaled_round(comb, used, [1.0] * len(used), b"")
+            )
             sums = round_sums(part, self.plans, device)
             if robust.finite_sums([d / len(used) for d in sums]):
                 for plan, d in zip(self.plans, sums, strict=True):

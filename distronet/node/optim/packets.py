@@ -55,9 +55,9 @@ __all__ = [
     "TensorPlan",
     "build_packet",
     "make_plans",
-    "plan_spec",
     "open_frames",
     "open_round",
+    "plan_spec",
     "run_digest",
 ]
 
@@ -143,7 +143,11 @@ def plan_spec(plans: Sequence[TensorPlan], cfg: DistroConfig, step: int) -> Plan
     ex, k_now = cfg.extraction, cfg.extraction.k_at(step)
     ks = tuple(p.k(k_now) for p in plans)
     classes = frozenset(
-        (ex.dense_value_coding if p.dense else ex.value_coding, ex.index_coding, 0 if k == p.layout.chunk_numel else k)
+        (
+            ex.dense_value_coding if p.dense else ex.value_coding,
+            ex.index_coding,
+            0 if k == p.layout.chunk_numel else k,
+        )
         for p, k in zip(plans, ks, strict=True)
     )
     return PlanSpec(tuple(p.tensor_id for p in plans), ks, classes)

@@ -38,8 +38,8 @@ from distronet.kernels.coding import FlatPayload
 from distronet.node.optim.packets import DecodedRound, TensorPlan
 
 __all__ = [
-    "coefficient_bases",
     "clip_scales",
+    "coefficient_bases",
     "finite_sums",
     "global_index",
     "median",
@@ -73,14 +73,18 @@ def clip_scales(norms: Sequence[float], med: float, multiple: float) -> list[flo
     return [1.0 if n <= bound or n == 0.0 else bound / n for n in norms]
 
 
-def scaled_round(dec: DecodedRound, keep: Sequence[int], scales: Sequence[float], salt: bytes) -> DecodedRound:
+def scaled_round(
+    dec: DecodedRound, keep: Sequence[int], scales: Sequence[float], salt: bytes
+) -> DecodedRound:
     """``dec`` restricted to packets ``keep`` (indices, ascending), each packet's values multiplied
     by its scale in float32 (a scale of 1.0 leaves the payload object itself). The key mixes
     ``salt`` (what decided the selection) so rounds combined differently never share a cache slot."""
     flats = []
     for i, s in zip(keep, scales, strict=True):
         f = dec.flats[i]
-        flats.append(f if s == 1.0 else dataclasses.replace(f, val=(f.val * np.float32(s)).astype(np.float32)))
+        flats.append(
+            f if s == 1.0 else dataclasses.replace(f, val=(f.val * np.float32(s)).astype(np.float32))
+        )
     key = hashlib.sha256(dec.key + salt).digest() if dec.key else b""
     peers = tuple(dec.peers[i] for i in keep)
     return DecodedRound(dec.step, peers, tuple(flats), dec.rejected, key, dec.tensor_ids, dec.device)
@@ -102,7 +106,8 @@ def global_index(flat: FlatPayload, bases: np.ndarray) -> np.ndarray:
     tensor_start = np.repeat(flat.offsets[:-1], reps)
     pos = np.arange(len(flat.idx), dtype=np.int64) - tensor_start  # entry within its tensor
     row = pos // np.repeat(flat.k, reps)
-    return base + row * np.repeat(flat.cn, reps) + flat.idx
+    out: np.ndarray = base + row * np.repeat(flat.cn, reps) + flat.idx
+    return out
 
 
 def trimmed_round(

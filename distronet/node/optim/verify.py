@@ -94,7 +94,8 @@ class Guard:
             pat = self._patterns[key] = robust.global_index(zero, self.bases)
             while len(self._patterns) > 8:
                 del self._patterns[next(iter(self._patterns))]
-        return pat + flat.idx
+        out: np.ndarray = pat + flat.idx
+        return out
 
     def judge(self, dec: DecodedRound) -> tuple[Verdict, list[np.ndarray]]:
         """The round's ``Verdict`` (updating the history) and each packet's coefficient positions."""
@@ -171,7 +172,9 @@ class Guard:
         if len(keep) < self.cfg.min_peers:
             return
         pos = np.concatenate([gidx[i] for i in keep])
-        w = np.concatenate([dec.flats[i].val.astype(np.float64) * s for i, s in zip(keep, scales, strict=True)])
+        w = np.concatenate(
+            [dec.flats[i].val.astype(np.float64) * s for i, s in zip(keep, scales, strict=True)]
+        )
         agg = np.bincount(pos, weights=w, minlength=self.total)
         agg_sq = float(np.dot(agg, agg))
         means: dict[int, float] = {}

@@ -23,7 +23,7 @@ def test_quick_rows_have_the_keys_and_meet_the_bounds() -> None:
     assert [r["attack"] for r in rows] == ["none", "max_float", "off_plan", "ground_leader_key"]
     assert "plain_mean_val_loss" in rows[0]
     for r in rows:
-        assert KEYS <= set(r), r["attack"]
+        assert set(r) >= KEYS, r["attack"]
         assert not r["nonfinite_applied"]
         assert math.isfinite(r["val_loss"]) and r["val_loss"] <= 1.02 * r["clean_val_loss"], r
         assert r["honest_credit"] >= 0.95 * rows[0]["honest_credit"]

@@ -35,7 +35,9 @@ def _honest(i: int, step: int = 3, cfg: object = CFG) -> bytes:
     return packets.build_packet(PLANS, momenta, cfg, step, IDENTS[i], DIGEST)[0]  # type: ignore[arg-type]
 
 
-def _recode(frame: bytes, ident: Identity, f, coding: ValueCoding | None = None, drop_last: bool = False) -> bytes:  # type: ignore[no-untyped-def]
+def _recode(
+    frame: bytes, ident: Identity, f, coding: ValueCoding | None = None, drop_last: bool = False
+) -> bytes:  # type: ignore[no-untyped-def]
     pkt = open_packet(frame, run_id=CFG.run_id, layout_digest=DIGEST)
     ex = CFG.extraction
     out = []
@@ -43,7 +45,9 @@ def _recode(frame: bytes, ident: Identity, f, coding: ValueCoding | None = None,
     for t in tensors[:-1] if drop_last else tensors:
         plan = PLANS[t.tensor_id]
         vc = coding or (ex.dense_value_coding if plan.dense else ex.value_coding)
-        out.append(encode_tensor(t.tensor_id, t.idx, f(t.val), plan.layout.chunk_numel, vc, ex.index_coding)[0])
+        out.append(
+            encode_tensor(t.tensor_id, t.idx, f(t.val), plan.layout.chunk_numel, vc, ex.index_coding)[0]
+        )
     return seal_packet(ident, CFG.run_id, pkt.step, DIGEST, encode_payload(out))
 
 
@@ -83,7 +87,7 @@ def test_max_float_packet_overflows_the_old_path_but_never_the_guarded_one() -> 
     apply_rule(UpdateRule.ADAM, old[2], v=v, n=1)
     assert not bool(torch.isfinite(v).all())
     for combine in ("clip", "none", "trimmed_mean"):
-        verdict, gidx = Guard(preset("ours_k32", robust=combine).robust, PLANS).judge(dec)
+        verdict, _ = Guard(preset("ours_k32", robust=combine).robust, PLANS).judge(dec)
         kept = robust.scaled_round(dec, verdict.keep, verdict.scales, b"")
         sums = round_sums(kept, PLANS, CPU)
         if combine != "none":
@@ -101,7 +105,11 @@ def test_optimizer_weights_stay_finite_under_a_max_float_packet() -> None:
         bad = lambda v: np.where(v < 0, -3.4e38, 3.4e38).astype(np.float32)  # noqa: E731
         dec_frames[IDENTS[4].peer_id] = _recode(_honest(4), IDENTS[4], bad)
         torch.manual_seed(0)
-        params = [torch.nn.Parameter(torch.randn(64, 64)), torch.nn.Parameter(torch.randn(64)), torch.nn.Parameter(torch.randn(32, 64))]
+        params = [
+            torch.nn.Parameter(torch.randn(64, 64)),
+            torch.nn.Parameter(torch.randn(64)),
+            torch.nn.Parameter(torch.randn(32, 64)),
+        ]
         named = list(zip(["h.w", "h.b", "head.w"], params, strict=True))
 
         class _Ex:
@@ -125,8 +133,20 @@ def test_clipping_bounds_a_scaled_packet() -> None:
     j = dec.peers.index(IDENTS[5].peer_id)
     assert verdict.scales[verdict.keep.index(j)] * norms[j] <= cfg.clip_multiple * med * (1 + 1e-6)
     assert verdict.flagged[IDENTS[5].peer_id] == "norm"
-    honest = torch.cat([d.flatten() for d in round_sums(robust.scaled_round(dec, [i for i in range(6) if i != j], [1.0] * 5, b""), PLANS, CPU)])
-    clipped = torch.cat([d.flatten() for d in round_sums(robust.scaled_round(dec, verdict.keep, verdict.scales, b""), PLANS, CPU)])
+    honest = torch.cat(
+        [
+            d.flatten()
+            for d in round_sums(
+                robust.scaled_round(dec, [i for i in range(6) if i != j], [1.0] * 5, b""), PLANS, CPU
+            )
+        ]
+    )
+    clipped = torch.cat(
+        [
+            d.flatten()
+            for d in round_sums(robust.scaled_round(dec, verdict.keep, verdict.scales, b""), PLANS, CPU)
+        ]
+    )
     plain = torch.cat([d.flatten() for d in round_sums(dec, PLANS, CPU)])
     cos = torch.nn.functional.cosine_similarity
     assert float(cos(plain, honest, dim=0)) < 0  # one packet steers the plain mean

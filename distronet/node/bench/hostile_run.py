@@ -8,6 +8,9 @@ before it goes out, signed with its own (admitted) key: one row per attack (``AT
 ``ground_leader_key`` instead signs with a fresh key that was never admitted (the run's admitted
 set is passed to every replica's round opener: UNKNOWN_PEER). The ``none`` row is the clean run;
 it also carries ``plain_mean_val_loss``, the same clean run with the plain mean (``robust="none"``).
+Every row also carries ``seven_honest_val_loss``: the run where peer 7's packets never count
+(from step 1 it only replays its step-0 packet), i.e. the seven honest peers' data alone, the
+best any defence can do once it has shut the hostile peer out.
 
 Per row: the honest peer 0's validation loss, whether a non-finite value ever reached an honest
 replica's weights, the step the hostile peer was neutralised (or first detected / rejected),
@@ -190,8 +193,10 @@ def _attack(
         return lambda step, fr: _recode(
             fr, ident, plans, cfg, digest, lambda t, i, v: (i, v * 1e3), ValueCoding.FP32
         )
-    if name == "stale_replay":
-        return lambda step, fr: sent.get((ident.peer_id, step - 3), fr)
+    if name == "stale_replay":  # its own packet of the step before (step 0: the honest one)
+        return lambda step, fr: sent.get((ident.peer_id, step - 1), fr)
+    if name == "silent":  # the reference: the hostile peer's packets never count (stale from step 1)
+        return lambda step, fr: sent.get((ident.peer_id, 0), fr) if step else fr
     if name == "copy":
         return lambda step, fr: _recode(
             sent[(victim, step)], ident, plans, cfg, digest, lambda t, i, v: (i, v)
@@ -295,10 +300,13 @@ def run_all(s: HostileSetting, attacks: tuple[str, ...] = ATTACKS) -> list[dict[
     torch.set_num_threads(1)
     clean = run_attack("none", s)
     plain = run_attack("none", s, combine="none")
+    silent = run_attack("silent", s)
     clean["plain_mean_val_loss"] = plain["val_loss"]
     rows = [clean] + [run_attack(a, s) for a in attacks if a != "none"]
     for r in rows:
         r["clean_val_loss"] = clean["val_loss"]
+        r["seven_honest_val_loss"] = silent["val_loss"]
         r["val_loss_ratio"] = r["val_loss"] / clean["val_loss"]
+        r["val_loss_ratio_seven_honest"] = r["val_loss"] / silent["val_loss"]
         r["honest_credit_ratio"] = r["honest_credit"] / clean["honest_credit"]
     return rows

@@ -13,11 +13,12 @@ What each check catches, and what it does not:
   Misses a hostile packet of honest size.
 * **flag "zero"** (norm under ``zero_ratio`` × median): free-riding with empty packets. Misses a
   free rider who sends small noise of honest size (that needs the credit side's data checks).
-* **flag "copy"** (an exact duplicate of another packet's indices and values this round): a peer
-  re-signing another's packet. The copy counts once in the sum. Both members of the pair are
-  flagged for that round (nothing in the bytes says who copied; the credit side's recomputation
-  can), so copying costs its victim that round's credit; copy flags do not neutralise.
-  Misses a copy with a few values perturbed.
+* **flag "copy"** (the same indices as another packet this round and values within 1 % of its
+  norm): a peer re-signing another's packet, re-quantised or not. The copy counts once in the
+  sum. Both members of the pair are flagged for that round (nothing in the bytes says who
+  copied; the credit side's recomputation can), so copying costs its victim that round's
+  credit; copy flags do not neutralise.
+  Misses a copy perturbed by more than 1 %, or with indices changed.
 * **flag "cosine"** (the peer's cosine with the combined packets of the others, averaged over its
   last ``cos_window`` rounds, is ≤ 0 and ``cos_gap`` below the round's median of those averages):
   sign-flipped gradients, random indices and values, while the honest peers still agree. Near
@@ -49,6 +50,16 @@ from distronet.node.optim.config import Robust
 from distronet.node.optim.packets import DecodedRound, TensorPlan
 
 __all__ = ["Guard", "Verdict"]
+
+_COPY_TOL = 0.01
+"""Two packets with the same indices whose values differ by at most this share of the first's
+norm are copies (re-quantising a copied packet moves values by far less)."""
+
+
+def _near(a: np.ndarray, b: np.ndarray) -> bool:
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    d = a64 - b64
+    return float(np.dot(d, d)) <= _COPY_TOL**2 * float(np.dot(a64, a64))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,17 +145,18 @@ class Guard:
     def _dedupe(
         self, dec: DecodedRound, keep: list[int], scales: list[float], flagged: dict[bytes, str]
     ) -> tuple[list[int], list[float]]:
-        """Exact copies count once (the first in peer-id order); every member of a copy group is
-        flagged ``"copy"``."""
-        first: dict[bytes, int] = {}
+        """Copies (same tensors and indices, values within ``_COPY_TOL`` of the first's norm) count
+        once (the first in peer-id order); every member of a copy group is flagged ``"copy"``."""
+        first: dict[bytes, list[int]] = {}
         out_k, out_s = [], []
         for i, s in zip(keep, scales, strict=True):
             f = dec.flats[i]
-            h = hashlib.sha256(f.tensor_ids.tobytes() + f.idx.tobytes() + f.val.tobytes()).digest()
-            if h in first:
-                flagged[dec.peers[i]] = flagged[dec.peers[first[h]]] = "copy"
+            h = hashlib.sha256(f.tensor_ids.tobytes() + f.k.tobytes() + f.idx.tobytes()).digest()
+            twin = next((j for j in first.get(h, []) if _near(dec.flats[j].val, f.val)), None)
+            if twin is not None:
+                flagged[dec.peers[i]] = flagged[dec.peers[twin]] = "copy"
                 continue
-            first[h] = i
+            first.setdefault(h, []).append(i)
             out_k.append(i)
             out_s.append(s)
         return out_k, out_s

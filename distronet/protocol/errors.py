@@ -62,6 +62,7 @@ class RejectCode(enum.IntEnum):
     UNKNOWN_PEER = 14
     WRONG_PEER = 15
     NOT_ADMITTED = 16
+    OFF_PLAN = 17
 
 
 REJECT_MEANING: dict[RejectCode, str] = {
@@ -81,6 +82,7 @@ REJECT_MEANING: dict[RejectCode, str] = {
     RejectCode.UNKNOWN_PEER: "the sender is not a member of the run",
     RejectCode.WRONG_PEER: "the peer id in the message differs from the connection's peer",
     RejectCode.NOT_ADMITTED: "the sender shows no valid, unexpired credential of the run's coordinator",
+    RejectCode.OFF_PLAN: "the packet's tensor set, k or value/index coding differs from the run's plan",
 }
 
 

@@ -5,6 +5,7 @@
     ├── extraction: Extraction   what travels: DCT momentum, chunk, top-k, value/index coding
     ├── update: UpdateConfig     how the aggregate becomes the step: rule, weight decay, outer momentum
     ├── overlap: Overlap         applying rounds one step late, and the guess that stands in meanwhile
+    ├── robust: Robust           bounded influence: how packets combine, what is flagged, neutralised
     └── run_id                   the run the packets are sealed for
 
 Each part validates itself in ``__post_init__`` and raises ``FieldError`` (a ``ConfigError``)
@@ -54,6 +55,7 @@ __all__ = [
     "Extraction",
     "FieldError",
     "Overlap",
+    "Robust",
     "Schedule",
     "UpdateConfig",
     "UpdateRule",
@@ -209,6 +211,54 @@ class UpdateConfig:
 
 
 PREDICTORS = ("last", "own", "ema")
+COMBINERS = ("clip", "trimmed_mean", "median", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class Robust:
+    """Bounded influence of one packet (``optim/robust.py``, ``optim/verify.py``;
+    docs/decisions/robust-aggregation.md). ``combine``: ``"clip"`` scales each packet's
+    coefficient vector down to at most ``clip_multiple`` × the round's median packet norm;
+    ``"trimmed_mean"`` drops the ``trim`` largest and smallest values of every coefficient;
+    ``"median"`` takes the coordinate-wise median; ``"none"`` is the plain mean (old path, still
+    guarded against non-finite sums). A packet whose norm is over ``drop_multiple`` × median (or
+    not finite) is dropped. Flags (no credit): norm over ``flag_multiple`` × median, norm under
+    ``zero_ratio`` × median, an exact copy of another packet, a mean cosine with the other
+    packets' aggregate over its last ``cos_window`` rounds that is ≤ 0 and ``cos_gap`` below the
+    round's median of those means. A peer flagged in
+    ``neutralise_after`` rounds is left out of every later round. Rounds of fewer than
+    ``min_peers`` packets are only clipped to finite values (no median to speak of)."""
+
+    combine: str = "clip"
+    clip_multiple: float = 2.5
+    trim: int = 1
+    drop_multiple: float = 1e6
+    flag_multiple: float = 8.0
+    zero_ratio: float = 1e-3
+    cos_window: int = 8
+    cos_gap: float = 0.1
+    neutralise_after: int = 5
+    min_peers: int = 3
+
+    def __post_init__(self) -> None:
+        c = "robust"
+        _check(
+            c,
+            "combine",
+            self.combine in COMBINERS,
+            f"unknown {self.combine!r}; known: {', '.join(COMBINERS)}",
+        )
+        _check(c, "clip_multiple", self.clip_multiple >= 1.0, f"must be >= 1, got {self.clip_multiple}")
+        _check(c, "trim", self.trim >= 0, f"must be >= 0, got {self.trim}")
+        _check(c, "drop_multiple", self.drop_multiple >= self.flag_multiple, "must be >= flag_multiple")
+        _check(c, "flag_multiple", self.flag_multiple >= 1.0, f"must be >= 1, got {self.flag_multiple}")
+        _check(c, "zero_ratio", 0.0 <= self.zero_ratio < 1.0, f"must be in [0, 1), got {self.zero_ratio}")
+        _check(c, "cos_window", self.cos_window >= 1, f"must be >= 1, got {self.cos_window}")
+        _check(c, "cos_gap", 0.0 <= self.cos_gap <= 2.0, f"must be in [0, 2], got {self.cos_gap}")
+        _check(
+            c, "neutralise_after", self.neutralise_after >= 1, f"must be >= 1, got {self.neutralise_after}"
+        )
+        _check(c, "min_peers", self.min_peers >= 3, f"must be >= 3, got {self.min_peers}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,6 +295,7 @@ class DistroConfig:
     extraction: Extraction = Extraction()
     update: UpdateConfig = UpdateConfig()
     overlap: Overlap = Overlap()
+    robust: Robust = Robust()
     run_id: str = "local"
 
     def __post_init__(self) -> None:
@@ -257,6 +308,7 @@ _PARTS: dict[str, type[Any]] = {
     "extraction": Extraction,
     "update": UpdateConfig,
     "overlap": Overlap,
+    "robust": Robust,
 }
 
 FLAT_KEYS: dict[str, tuple[str, str]] = {
@@ -266,6 +318,8 @@ FLAT_KEYS: dict[str, tuple[str, str]] = {
     **{f.name: ("update", f.name) for f in dataclasses.fields(UpdateConfig) if f.name != "rule"},
     "overlap": ("overlap", "enabled"),
     **{f"overlap_{f.name}": ("overlap", f.name) for f in dataclasses.fields(Overlap) if f.name != "enabled"},
+    "robust": ("robust", "combine"),
+    **{f"robust_{f.name}": ("robust", f.name) for f in dataclasses.fields(Robust) if f.name != "combine"},
 }
 """The flat keys (``[optimizer]``, presets, ``bench converge --set``) and the field each sets."""
 

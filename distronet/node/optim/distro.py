@@ -38,18 +38,22 @@ peer's packet before any peer collects; ``step()`` is both.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Iterable
 
+import numpy as np
 import torch
 from torch import nn
 
 from distronet.kernels.dct import dct_chunks
 from distronet.kernels.decode import decode_sum
 from distronet.node.exchange.base import Exchange, Round
+from distronet.node.optim import robust
 from distronet.node.optim.aggregate import round_sums
 from distronet.node.optim.config import ORTHO_SKIP, DistroConfig, UpdateRule, lr_at
 from distronet.node.optim.packets import (
     DecodeCache,
+    DecodedRound,
     SentTensor,
     TensorPlan,
     build_packet,
@@ -58,6 +62,7 @@ from distronet.node.optim.packets import (
     run_digest,
 )
 from distronet.node.optim.update import ADAM_BETA2, ADAM_EPS, apply_rule
+from distronet.node.optim.verify import Guard, Verdict
 from distronet.protocol.errors import ConfigError, RejectCode
 from distronet.protocol.identity import Identity
 
@@ -76,6 +81,11 @@ class StepReport:
     accepted: tuple[bytes, ...]
     rejected: dict[bytes, RejectCode]
     own_accepted: bool
+    combined: tuple[bytes, ...] = ()  # the packets that went into the sum (after drops, copies)
+    credited: tuple[bytes, ...] = ()  # combined and not flagged: these earn this round's credit
+    flagged: dict[bytes, str] = dataclasses.field(default_factory=dict)
+    neutralised: frozenset[bytes] = frozenset()
+    nonfinite_blocked: int = 0  # tensors whose update would have been non-finite (not applied)
 
 
 @dataclasses.dataclass
@@ -90,6 +100,8 @@ class DistroOptimizer(torch.optim.Optimizer):
     ``named_params``: ``model.named_parameters()`` (tied weights appear once). All replicas of a
     run must pass the same names and shapes in the same order, and the same ``cfg``.
     ``decode_cache`` lets replicas of one process decode each frame once (``DecodeCache``).
+    ``admitted``: the peers whose packets may count (others: UNKNOWN_PEER); None admits any signer.
+    ``verify_seconds`` sums the time spent judging rounds (``verify.Guard``) and combining them.
     Raises ``ConfigError`` for an empty or non-float parameter list.
     """
 
@@ -101,6 +113,7 @@ class DistroOptimizer(torch.optim.Optimizer):
         identity: Identity,
         *,
         decode_cache: DecodeCache | None = None,
+        admitted: frozenset[bytes] | None = None,
     ) -> None:
         named = list(named_params)
         if not named:
@@ -115,6 +128,9 @@ class DistroOptimizer(torch.optim.Optimizer):
         self.decode_cache = decode_cache
         self.plans: list[TensorPlan] = make_plans([(n, tuple(p.shape)) for n, p in named], cfg)
         self.digest = run_digest(self.plans)
+        self.admitted = admitted
+        self.guard = Guard(cfg.robust, self.plans)
+        self.verify_seconds = 0.0
         self._params = [p for _, p in named]
         for plan, p in zip(self.plans, self._params, strict=True):
             st = self.state[p]
@@ -322,36 +338,97 @@ class DistroOptimizer(torch.optim.Optimizer):
         for old in [s for s in self._pending if s < rnd.step]:
             del self._pending[old]
         device = self._params[0].device
-        dec = open_round(rnd.frames, self.plans, cfg, rnd.step, self.digest, device, self.decode_cache)
+        dec = open_round(
+            rnd.frames, self.plans, cfg, rnd.step, self.digest, device, self.decode_cache, self.admitted
+        )
         own = self.identity.peer_id in dec.peers
         if not own and pending.sent:  # our packet did not count: give what we sent back to the momentum
             for m, s in zip(self._momenta(), pending.sent, strict=True):
                 m.scatter_add_(1, s.idx, s.val)
-        self.reports.append(StepReport(rnd.step, pending.lr, dec.peers, dec.rejected, own))
-        n, lr = len(dec.peers), pending.lr
+        t0 = time.perf_counter()
+        verdict, gidx = self.guard.judge(dec)
+        comb = self._combine(dec, verdict, gidx)
+        self.verify_seconds += time.perf_counter() - t0
+        lr = pending.lr
         shared = (
-            self.decode_cache.round_tensors(dec.key) if (self.decode_cache is not None and dec.key) else {}
+            self.decode_cache.round_tensors(comb.key) if (self.decode_cache is not None and comb.key) else {}
         )
-        if n and any((plan.tensor_id, "d") not in shared for plan in self.plans):  # the whole round at once
-            for plan, d in zip(self.plans, round_sums(dec, self.plans, device), strict=True):
-                shared[(plan.tensor_id, "d")] = d.div_(n)
+        if comb.peers and any((plan.tensor_id, "d") not in shared for plan in self.plans):
+            self._mean_sums(comb, verdict, shared, device)
+        used = shared.get((-1, "used"))
+        n = 0 if used is None else int(used.numel())
+        combined = tuple(comb.peers[i] for i in used.tolist()) if used is not None else ()
+        credited = tuple(p for p in verdict.credited(dec.peers) if p in combined)
+        report = StepReport(
+            rnd.step,
+            lr,
+            dec.peers,
+            dec.rejected,
+            own,
+            combined,
+            credited,
+            verdict.flagged,
+            verdict.neutralised,
+        )
         applied: list[torch.Tensor] = []
+        blocked = 0
         for plan, p in zip(self.plans, self._params, strict=True):
             base = self.state[p]["consensus"] if overlap else p
+            u = self._update(plan, p, shared) if n else torch.zeros_like(p)
+            if n and not bool(torch.isfinite(u).all()):  # never reaches the weights (module doc)
+                u, blocked = torch.zeros_like(p), blocked + 1
             if n:
-                u = self._update(plan, p, shared)
                 if wd:
                     base.mul_(1.0 - lr * wd)
                 base.add_(u, alpha=-lr)
-            else:
-                u = torch.zeros_like(p)
             if overlap:
                 p.copy_(base)
             applied.append(u)
+        self.reports.append(dataclasses.replace(report, nonfinite_blocked=blocked))
         if overlap:
             self._last_u = applied
         if lookahead and cfg.overlap.lookahead:
             self._set_lookahead(rnd.step + 1, applied)
+
+    def _combine(self, dec: DecodedRound, verdict: Verdict, gidx: list[np.ndarray]) -> DecodedRound:
+        """The round as it is summed: the verdict's packets, clipped, or one trimmed-mean payload."""
+        mode = self.cfg.robust.combine
+        if mode in ("trimmed_mean", "median") and len(verdict.keep) >= self.cfg.robust.min_peers:
+            trim = self.cfg.robust.trim if mode == "trimmed_mean" else len(verdict.keep)
+            salt = f"{mode}/{trim}".encode() + verdict.salt()
+            return robust.trimmed_round(dec, verdict.keep, gidx, self.plans, trim, salt)
+        return robust.scaled_round(dec, verdict.keep, verdict.scales, verdict.salt())
+
+    def _mean_sums(
+        self,
+        comb: DecodedRound,
+        verdict: Verdict,
+        shared: dict[tuple[int, str], torch.Tensor],
+        device: torch.device,
+    ) -> None:
+        """``shared[(tid, "d")]`` = the mean of the combined packets, and ``shared[(-1, "used")]``
+        the indices (into ``comb.peers``) that went into it. While the sum is not finite
+        (``robust.finite_sums``), the packet of the largest norm is dropped, by rule, the same on
+        every replica; the whole round goes only when no packet is left."""
+        used = list(range(len(comb.peers)))
+        one_payload = len(comb.flats) != len(comb.peers)  # a trimmed round: one synthetic payload
+        while used:
+            part = (
+                comb
+                if len(used) == len(comb.peers)
+                else robust.scaled_round(comb, used, [1.0] * len(used), b"")
+            )
+            sums = round_sums(part, self.plans, device)
+            if robust.finite_sums([d / len(used) for d in sums]):
+                for plan, d in zip(self.plans, sums, strict=True):
+                    shared[(plan.tensor_id, "d")] = d.div_(len(used))
+                break
+            if one_payload:
+                used = []
+                break
+            norms = robust.packet_norms([comb.flats[i] for i in used])
+            used.pop(max(range(len(used)), key=lambda j: (norms[j], -j)))
+        shared[(-1, "used")] = torch.tensor(used, dtype=torch.int64)
 
     @torch.no_grad()
     def _set_lookahead(self, step: int, last: list[torch.Tensor]) -> None:

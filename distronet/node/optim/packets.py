@@ -30,10 +30,13 @@ import torch
 from distronet.kernels.coding import (
     EncodedTensor,
     FlatPayload,
+    IndexCoding,
+    ValueCoding,
     decode_payload,
     encode_payload,
     encode_tensor,
 )
+from distronet.kernels.coding_table import read_header
 from distronet.kernels.fanout import map_in_order
 from distronet.kernels.layout import ChunkLayout, plan_layout
 from distronet.kernels.topk import topk_chunks
@@ -47,12 +50,14 @@ from distronet.protocol.packet import open_packet, seal_packet
 __all__ = [
     "DecodeCache",
     "DecodedRound",
+    "PlanSpec",
     "SentTensor",
     "TensorPlan",
     "build_packet",
     "make_plans",
     "open_frames",
     "open_round",
+    "plan_spec",
     "run_digest",
 ]
 
@@ -120,6 +125,50 @@ class DecodedRound:
 
 
 _Decoded = FlatPayload | RejectCode
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanSpec:
+    """What a packet of one step must carry (the run's plan): every tensor id in ascending order,
+    ``k`` coefficients per chunk each, and only the ``classes`` (value coding, index coding, k; 0
+    for a dense tensor) the run's codings give. Checked by ``check_plan``."""
+
+    tensor_ids: tuple[int, ...]
+    k: tuple[int, ...]
+    classes: frozenset[tuple[ValueCoding, IndexCoding, int]]
+
+
+def plan_spec(plans: Sequence[TensorPlan], cfg: DistroConfig, step: int) -> PlanSpec:
+    """The ``PlanSpec`` of ``step`` (the k schedule's k at that step)."""
+    ex, k_now = cfg.extraction, cfg.extraction.k_at(step)
+    ks = tuple(p.k(k_now) for p in plans)
+    classes = frozenset(
+        (
+            ex.dense_value_coding if p.dense else ex.value_coding,
+            ex.index_coding,
+            0 if k == p.layout.chunk_numel else k,
+        )
+        for p, k in zip(plans, ks, strict=True)
+    )
+    return PlanSpec(tuple(p.tensor_id for p in plans), ks, classes)
+
+
+def check_plan(
+    flat: FlatPayload, payload: bytes, spec: PlanSpec, shapes: Sequence[tuple[int, int]], limits: Limits
+) -> None:
+    """Raise ``Rejected(OFF_PLAN)`` unless the decoded payload follows ``spec``: the same tensor
+    set, the same k per tensor, and only the plan's coding classes in its class table. Catches a
+    packet with extra k (more influence), another value coding (fp32 where the run codes int8) or
+    a missing tensor. Does not catch a packet that swaps the codings of two planned classes
+    between tensors of the same k (both classes are the run's). Cost: one header read."""
+    if tuple(flat.tensor_ids.tolist()) != spec.tensor_ids:
+        raise Rejected(RejectCode.OFF_PLAN, f"tensors {flat.tensor_ids.tolist()[:8]}... not the plan's")
+    if tuple(flat.k.tolist()) != spec.k:
+        raise Rejected(RejectCode.OFF_PLAN, "a tensor's k differs from the plan's")
+    _, classes, _ = read_header(payload, shapes, limits)
+    bad = [c for c in classes if c not in spec.classes]
+    if bad:
+        raise Rejected(RejectCode.OFF_PLAN, f"coding class {bad[0]} not in the run's plan")
 
 
 class DecodeCache:
@@ -224,13 +273,15 @@ def open_frames(
     peers: Sequence[bytes] | None = None,
     limits: Limits = DEFAULT_LIMITS,
     workers: int | None = None,
+    spec: PlanSpec | None = None,
 ) -> list[FlatPayload | RejectCode]:
     """Open, verify and parse each frame: its payload decoded flat, or why it was refused.
 
     A frame counts when ``open_packet`` accepts it (signature, run, layout), its signer is
     ``peers[i]`` (when given; else WRONG_PEER), its step is ``step`` (when given; else
-    STALE_STEP) and its payload decodes against ``shapes`` ((n_chunks, chunk_numel) per tensor
-    id); every check of the wire format runs. Results are in input order and each depends on its
+    STALE_STEP), its payload decodes against ``shapes`` ((n_chunks, chunk_numel) per tensor
+    id) and, when ``spec`` is given, follows the run's plan (else OFF_PLAN, ``check_plan``);
+    every check of the wire format runs. Results are in input order and each depends on its
     frame alone, so they are the same for any ``workers`` (default: torch's intra-op thread
     count, at most the CPU count; 1 runs inline). Cost per frame: zstd, msgpack, SHA-256 of the
     payload, one Ed25519 verification, one compiled payload walk.
@@ -240,7 +291,8 @@ def open_frames(
     n = len(frames)
 
     def one(i: int) -> FlatPayload | RejectCode:
-        return _open_one(frames[i], run_id, digest, shapes, step, None if peers is None else peers[i], limits)
+        peer = None if peers is None else peers[i]
+        return _open_one(frames[i], run_id, digest, shapes, step, peer, limits, spec)
 
     return map_in_order(one, n, _workers() if workers is None else workers)
 
@@ -253,6 +305,7 @@ def _open_one(
     step: int | None,
     peer: bytes | None,
     limits: Limits,
+    spec: PlanSpec | None = None,
 ) -> FlatPayload | RejectCode:
     try:
         pkt = open_packet(frame, run_id=run_id, layout_digest=digest, limits=limits)
@@ -260,7 +313,10 @@ def _open_one(
             raise Rejected(RejectCode.WRONG_PEER, "packet signed by another peer")
         if step is not None and pkt.step != step:
             raise Rejected(RejectCode.STALE_STEP, f"packet for step {pkt.step}, round {step}")
-        return decode_payload(pkt.payload, shapes, limits)
+        flat = decode_payload(pkt.payload, shapes, limits)
+        if spec is not None:
+            check_plan(flat, pkt.payload, spec, shapes, limits)
+        return flat
     except Rejected as e:
         return e.code
 
@@ -277,11 +333,14 @@ def open_round(
     digest: bytes,
     device: torch.device,
     cache: DecodeCache | None = None,
+    admitted: frozenset[bytes] | None = None,
 ) -> DecodedRound:
     """Verify and decode a round's frames (ascending peer id); bad frames are skipped and reported.
 
-    A frame counts only when it opens (signature, run, layout), names the same peer and step, and
-    its payload decodes against the plans' layouts. Deterministic: same frames, same result.
+    A frame counts only when its signer is ``admitted`` (when given; else UNKNOWN_PEER, before any
+    decoding), it opens (signature, run, layout), names the same peer and step, its payload
+    decodes against the plans' layouts and follows the run's plan for ``step`` (OFF_PLAN).
+    Deterministic: same frames, same result.
     """
     shapes = [(p.layout.n_chunks, p.layout.chunk_numel) for p in plans]
     flats: list[FlatPayload] = []
@@ -289,6 +348,9 @@ def open_round(
     rejected: dict[bytes, RejectCode] = {}
     round_hash = hashlib.sha256(digest + step.to_bytes(8, "big"))
     order = sorted(frames)
+    if admitted is not None:
+        rejected.update((pid, RejectCode.UNKNOWN_PEER) for pid in order if pid not in admitted)
+        order = [pid for pid in order if pid in admitted]
     hashes = [hashlib.sha256(frames[pid]).digest() for pid in order]
     keys = [digest + step.to_bytes(8, "big") + pid + h for pid, h in zip(order, hashes, strict=True)]
     got: list[_Decoded | None] = [cache.get(key) if cache is not None else None for key in keys]
@@ -300,6 +362,7 @@ def open_round(
         shapes=shapes,
         step=step,
         peers=[order[i] for i in todo],
+        spec=plan_spec(plans, cfg, step),
     )
     for i, res in zip(todo, opened, strict=True):
         got[i] = res

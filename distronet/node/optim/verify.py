@@ -1,0 +1,213 @@
+"""Cheap, deterministic checks of a round's packets: what to drop, clip, flag and neutralise.
+
+``Guard.judge(dec)`` looks only at the round's accepted payloads (peer-id order) and its own
+replicated history (flags so far), so every replica that applied the same rounds reaches the
+same ``Verdict``. Flagged packets earn no credit (``Verdict.credited``); a peer flagged in
+``neutralise_after`` rounds is neutralised: its packets are left out of every later round.
+
+What each check catches, and what it does not:
+
+* **dropped** (norm not finite, or over ``drop_multiple`` × median): ±max-float values, absurdly
+  scaled packets. Never reaches the sum. Misses nothing the clip would not bound anyway.
+* **flag "norm"** (norm over ``flag_multiple`` × median): scaled-up gradients (×1e6, ×−1e4).
+  Misses a hostile packet of honest size.
+* **flag "zero"** (norm under ``zero_ratio`` × median): free-riding with empty packets. Misses a
+  free rider who sends small noise of honest size (that needs the credit side's data checks).
+* **flag "copy"** (the same indices as another packet this round and values within 1 % of its
+  norm): a peer re-signing another's packet, re-quantised or not. The copy counts once in the
+  sum. Both members of the pair are flagged for that round (nothing in the bytes says who
+  copied; the credit side's recomputation can), so copying costs its victim that round's
+  credit; copy flags do not neutralise.
+  Misses a copy perturbed by more than 1 %, or with indices changed.
+* **flag "cosine"** (the peer's cosine with the combined packets of the others, averaged over its
+  last ``cos_window`` rounds, is ≤ 0 and ``cos_gap`` below the round's median of those averages):
+  sign-flipped gradients, random indices and values, while the honest peers still agree. Near
+  convergence, where honest packets are mostly noise and their cosines near 0, nothing is far
+  from the median and nothing is flagged (nor does a flipped packet of noise do much harm).
+  Misses a hostile packet that is mostly honest (a small bias), and cannot tell a peer whose
+  honest data disagrees with everyone's from an attacker.
+* **stale replay** (an old packet of one's own) never gets here: ``open_round`` rejects a
+  packet for another step (STALE_STEP), and one not in the run's plan (OFF_PLAN).
+
+Rounds of fewer than ``min_peers`` packets get only the finiteness rule: a median of two is no
+statistic. The history is replicated state of the optimizer; a replica that adopts the swarm's
+state mid-run starts with a clean history (the neutralised set is not yet part of the state).
+Cost per round: one float64 pass over the values (norms), one hash per packet, one bincount.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+from collections.abc import Sequence
+
+import numpy as np
+
+from distronet.kernels.coding import FlatPayload
+from distronet.node.optim import robust
+from distronet.node.optim.config import Robust
+from distronet.node.optim.packets import DecodedRound, TensorPlan
+
+__all__ = ["Guard", "Verdict"]
+
+_COPY_TOL = 0.01
+"""Two packets with the same indices whose values differ by at most this share of the first's
+norm are copies (re-quantising a copied packet moves values by far less)."""
+
+
+def _near(a: np.ndarray, b: np.ndarray) -> bool:
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    d = a64 - b64
+    return float(np.dot(d, d)) <= _COPY_TOL**2 * float(np.dot(a64, a64))
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """One round's decision: the packets combined (``keep``, indices into ``dec.peers``) and their
+    ``scales``; the ``dropped`` peers; per flagged peer, why; the peers neutralised so far."""
+
+    keep: tuple[int, ...]
+    scales: tuple[float, ...]
+    dropped: tuple[bytes, ...]
+    flagged: dict[bytes, str]
+    neutralised: frozenset[bytes]
+    norms: tuple[float, ...]
+
+    def credited(self, peers: Sequence[bytes]) -> tuple[bytes, ...]:
+        """Of the round's accepted ``peers``, those that earn credit: combined and not flagged."""
+        kept = {peers[i] for i in self.keep}
+        return tuple(p for p in peers if p in kept and p not in self.flagged)
+
+    def salt(self) -> bytes:
+        """What decided the selection and scales (mixed into the round's cache key)."""
+        return repr((self.keep, self.scales)).encode()
+
+
+class Guard:
+    """One replica's checks and their replicated history (module docstring)."""
+
+    def __init__(self, cfg: Robust, plans: Sequence[TensorPlan]) -> None:
+        self.cfg = cfg
+        self.bases, self.total = robust.coefficient_bases(plans)
+        self.flag_rounds: dict[bytes, int] = collections.Counter()
+        self.cos_history: dict[bytes, collections.deque[float]] = {}
+        self.neutralised: dict[bytes, int] = {}
+        self._patterns: dict[tuple[bytes, bytes], np.ndarray] = {}
+
+    def positions(self, flat: FlatPayload) -> np.ndarray:
+        """``robust.global_index(flat)``, with the part that depends only on the payload's structure
+        (tensors, k, chunks) computed once per structure."""
+        key = (flat.structure, flat.n.tobytes())
+        pat = self._patterns.get(key)
+        if pat is None:
+            zero = dataclasses.replace(flat, idx=np.zeros_like(flat.idx))
+            pat = self._patterns[key] = robust.global_index(zero, self.bases)
+            while len(self._patterns) > 8:
+                del self._patterns[next(iter(self._patterns))]
+        out: np.ndarray = pat + flat.idx
+        return out
+
+    def judge(self, dec: DecodedRound) -> tuple[Verdict, list[np.ndarray]]:
+        """The round's ``Verdict`` (updating the history) and each packet's coefficient positions."""
+        cfg = self.cfg
+        norms = robust.packet_norms(dec.flats)
+        live = [i for i, p in enumerate(dec.peers) if p not in self.neutralised]
+        small = len(live) < cfg.min_peers
+        med = robust.median([norms[i] for i in live])
+        bound = cfg.drop_multiple * med
+        dropped = [i for i in live if not np.isfinite(norms[i]) or (not small and norms[i] > bound)]
+        keep = [i for i in live if i not in dropped]
+        flagged: dict[bytes, str] = {}
+        gidx: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(dec.flats)
+        if small or cfg.combine == "none":
+            scales = [1.0] * len(keep)
+        else:
+            scales = robust.clip_scales([norms[i] for i in keep], med, cfg.clip_multiple)
+            keep, scales = self._dedupe(dec, keep, scales, flagged)
+            for i in keep:
+                gidx[i] = self.positions(dec.flats[i])
+            self._flag_sizes(dec, keep, norms, med, flagged)
+            self._flag_cosines(dec, keep, scales, gidx, flagged)
+        for p in dropped:
+            flagged[dec.peers[p]] = "dropped"
+        self._neutralise(dec.step, flagged)
+        verdict = Verdict(
+            tuple(keep),
+            tuple(scales),
+            tuple(dec.peers[i] for i in dropped),
+            flagged,
+            frozenset(self.neutralised),
+            tuple(norms),
+        )
+        return verdict, gidx
+
+    def _dedupe(
+        self, dec: DecodedRound, keep: list[int], scales: list[float], flagged: dict[bytes, str]
+    ) -> tuple[list[int], list[float]]:
+        """Copies (same tensors and indices, values within ``_COPY_TOL`` of the first's norm) count
+        once (the first in peer-id order); every member of a copy group is flagged ``"copy"``."""
+        first: dict[bytes, list[int]] = {}
+        out_k, out_s = [], []
+        for i, s in zip(keep, scales, strict=True):
+            f = dec.flats[i]
+            h = hashlib.sha256(f.tensor_ids.tobytes() + f.k.tobytes() + f.idx.tobytes()).digest()
+            twin = next((j for j in first.get(h, []) if _near(dec.flats[j].val, f.val)), None)
+            if twin is not None:
+                flagged[dec.peers[i]] = flagged[dec.peers[twin]] = "copy"
+                continue
+            first.setdefault(h, []).append(i)
+            out_k.append(i)
+            out_s.append(s)
+        return out_k, out_s
+
+    def _flag_sizes(
+        self, dec: DecodedRound, keep: list[int], norms: list[float], med: float, flagged: dict[bytes, str]
+    ) -> None:
+        for i in keep:
+            if norms[i] > self.cfg.flag_multiple * med:
+                flagged.setdefault(dec.peers[i], "norm")
+            elif norms[i] <= self.cfg.zero_ratio * med:
+                flagged.setdefault(dec.peers[i], "zero")
+
+    def _flag_cosines(
+        self,
+        dec: DecodedRound,
+        keep: list[int],
+        scales: list[float],
+        gidx: list[np.ndarray],
+        flagged: dict[bytes, str],
+    ) -> None:
+        """Cosine of ``s_i·p_i`` with ``A − s_i·p_i`` (``A`` the clipped sum; float64, fixed order),
+        averaged over each peer's last ``cos_window`` rounds; flag the averages ≤ 0 that lie
+        ``cos_gap`` below the round's median average."""
+        if len(keep) < self.cfg.min_peers:
+            return
+        pos = np.concatenate([gidx[i] for i in keep])
+        w = np.concatenate(
+            [dec.flats[i].val.astype(np.float64) * s for i, s in zip(keep, scales, strict=True)]
+        )
+        agg = np.bincount(pos, weights=w, minlength=self.total)
+        agg_sq = float(np.dot(agg, agg))
+        means: dict[int, float] = {}
+        for i, s in zip(keep, scales, strict=True):
+            v = dec.flats[i].val.astype(np.float64) * s
+            vv, dot = float(np.dot(v, v)), float(np.dot(v, agg[gidx[i]]))
+            others_sq = max(agg_sq - 2.0 * dot + vv, 0.0)
+            denom = np.sqrt(vv * others_sq)
+            cos = (dot - vv) / denom if denom > 0 else 0.0
+            hist = self.cos_history.setdefault(dec.peers[i], collections.deque(maxlen=self.cfg.cos_window))
+            hist.append(float(cos))
+            means[i] = sum(hist) / len(hist)
+        mid = robust.median(list(means.values()))
+        for i, m in means.items():
+            if m <= 0.0 and m < mid - self.cfg.cos_gap:
+                flagged.setdefault(dec.peers[i], "cosine")
+
+    def _neutralise(self, step: int, flagged: dict[bytes, str]) -> None:
+        for peer, why in sorted(flagged.items()):
+            if why == "copy":
+                continue
+            self.flag_rounds[peer] += 1
+            if self.flag_rounds[peer] >= self.cfg.neutralise_after and peer not in self.neutralised:
+                self.neutralised[peer] = step

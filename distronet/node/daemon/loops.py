@@ -17,12 +17,12 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from distronet.node.catchup.replica import Replica
 from distronet.node.catchup.resync import CatchUp, CatchUpError
 from distronet.node.config import NodeConfig
-from distronet.node.daemon.coordinator_client import CoordinatorClient, CoordinatorClientError
+from distronet.node.daemon.coordinator_client import CoordinatorClient, CoordinatorClientError, sign_receipt
 from distronet.node.daemon.errors import CALL_S, NodeError
 from distronet.node.daemon.metrics import NodeMetrics
 from distronet.node.daemon.parts import bootstrap_addrs, wait_decoder_warm
@@ -38,6 +38,7 @@ from distronet.protocol.identity import Identity, peer_id_to_b58
 
 if TYPE_CHECKING:  # types only: the trainer imports torch, which the daemon loads in the background
     from distronet.node.daemon.trainer import StepResult, Trainer
+    from distronet.node.optim.distro import StepReport
 
 __all__ = [
     "LoopParts",
@@ -52,6 +53,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 MAX_LOSSES = 256  # the first loss and the most recent ones stay in the status (written every step)
+MAX_RECEIPTS = 4096  # signed receipts waiting for the coordinator (past it, the oldest are dropped)
+RECEIPT_BATCH = 512  # receipts sent per heartbeat
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +82,7 @@ class LoopParts:
     maddrs: list[str]
     heartbeat_s: float
     run_has_peers: bool
+    receipts: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # for the next heartbeat
 
 
 async def live_peers(swarm: Swarm, run_id: str) -> int:
@@ -116,6 +120,27 @@ async def discover(parts: LoopParts) -> int:
     return dialled
 
 
+def _queue_receipts(parts: LoopParts, report: StepReport) -> None:
+    """Sign a receipt for each other producer whose packet this round credited (combined and not
+    flagged: ``node/optim/verify.py``); the coordinator credits a lease only with such receipts
+    from other members (docs/protocol.md §11). The heartbeat loop sends them."""
+    me, run_id = parts.identity.peer_id, parts.cfg.run_id
+    for peer in report.credited:
+        sha = report.frame_sha256.get(peer)
+        if peer != me and sha is not None:
+            parts.receipts.append(sign_receipt(parts.identity, run_id, report.step, _b58(peer), sha.hex()))
+    del parts.receipts[: max(0, len(parts.receipts) - MAX_RECEIPTS)]
+
+
+async def send_receipts(parts: LoopParts) -> None:
+    """Send up to ``RECEIPT_BATCH`` queued receipts (the client queues them while the coordinator
+    is down, like every report)."""
+    batch = parts.receipts[:RECEIPT_BATCH]
+    del parts.receipts[:RECEIPT_BATCH]
+    if batch:
+        await asyncio.wait_for(parts.client.submit_receipts(batch), 15.0)
+
+
 async def heartbeats(parts: LoopParts) -> None:
     """Every heartbeat interval: report step and loss (buffered while the coordinator is down),
     dial peers we do not know yet, refresh the peer count. Runs until cancelled."""
@@ -130,6 +155,8 @@ async def heartbeats(parts: LoopParts) -> None:
                 ),
                 15.0,
             )
+        with contextlib.suppress(Exception):
+            await send_receipts(parts)
         with contextlib.suppress(Exception):
             status.peers = await asyncio.wait_for(live_peers(parts.swarm, parts.cfg.run_id), 10.0)
             parts.metrics.peers.set(status.peers)
@@ -247,6 +274,7 @@ def _account(parts: LoopParts, res: StepResult, wall: float, up0: int, down0: in
         for code in report.rejected.values():
             m.packets.labels("rejected", code.name).inc()
         s.record_round(report.step, [_b58(p) for p in report.accepted])
+        _queue_receipts(parts, report)
     s.warmup_heard, s.alone_waits, s.dead_frames = core.warmup_heard, core.alone.waits, core.dead_frames
     s.pending_reports = parts.client.pending
     s.record_digest(res.step, digest)

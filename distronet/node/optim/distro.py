@@ -38,6 +38,7 @@ peer's packet before any peer collects; ``step()`` is both.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import time
 from collections.abc import Callable, Iterable
 
@@ -86,6 +87,7 @@ class StepReport:
     flagged: dict[bytes, str] = dataclasses.field(default_factory=dict)
     neutralised: frozenset[bytes] = frozenset()
     nonfinite_blocked: int = 0  # tensors whose update would have been non-finite (not applied)
+    frame_sha256: dict[bytes, bytes] = dataclasses.field(default_factory=dict)  # of each credited frame
 
 
 @dataclasses.dataclass
@@ -369,6 +371,7 @@ class DistroOptimizer(torch.optim.Optimizer):
             credited,
             verdict.flagged,
             verdict.neutralised,
+            frame_sha256={p: hashlib.sha256(rnd.frames[p]).digest() for p in credited},
         )
         applied: list[torch.Tensor] = []
         blocked = 0

@@ -51,6 +51,7 @@ ATTACKS = (
     "random_indices",
     "stale_replay",
     "copy",
+    "copy_one_victim",
     "zeros",
     "off_plan",
     "ground_leader_key",
@@ -70,6 +71,9 @@ class HostileSetting:
     hidden: int = 64
     d_out: int = 16
     noise: float = 0.1
+    lr: float = 2e-3
+    warmup: int = 10
+    min_lr_ratio: float = 0.1
     seed: int = 0
 
 
@@ -164,7 +168,7 @@ def _attack(
     plans: list[TensorPlan],
     cfg: DistroConfig,
     sent: dict[tuple[bytes, int], bytes],
-    victim: bytes,
+    victims: list[bytes],
     digest: bytes,
 ) -> Callable[[int, bytes], bytes] | None:
     """The rewrite the hostile peer applies to each of its frames for attack ``name``."""
@@ -197,10 +201,13 @@ def _attack(
         return lambda step, fr: sent.get((ident.peer_id, step - 1), fr)
     if name == "silent":  # the reference: the hostile peer's packets never count (stale from step 1)
         return lambda step, fr: sent.get((ident.peer_id, 0), fr) if step else fr
-    if name == "copy":
-        return lambda step, fr: _recode(
-            sent[(victim, step)], ident, plans, cfg, digest, lambda t, i, v: (i, v)
-        )
+    if name in ("copy", "copy_one_victim"):  # re-signs an honest packet: the next victim's, or peer 0's
+
+        def copy(step: int, fr: bytes) -> bytes:
+            victim = victims[step % len(victims)] if name == "copy" else victims[0]
+            return _recode(sent[(victim, step)], ident, plans, cfg, digest, lambda t, i, v: (i, v))
+
+        return copy
     if name == "ground_leader_key":
         return vals(lambda v: v * 1e6)
     return None
@@ -217,7 +224,14 @@ def run_attack(
     """One row: eight peers, peer 7 hostile under ``attack`` (module docstring). ``share_rounds=False``
     makes every replica combine each round on its own (the strict determinism test);
     ``keep_models`` adds the models under ``"_models"``."""
-    cfg = preset("ours_k32", total_steps=s.steps, warmup_steps=10, robust=combine)
+    cfg = preset(
+        "ours_k32",
+        lr=s.lr,
+        total_steps=s.steps,
+        warmup_steps=s.warmup,
+        min_lr_ratio=s.min_lr_ratio,
+        robust=combine,
+    )
     task = _Task(s)
     hub = MemoryHub()
     cache = DecodeCache(max_entries=4 * N_PEERS, max_rounds=2 if share_rounds else 0)
@@ -237,7 +251,13 @@ def run_attack(
         opts.append(opt)
         exs.append(ex)
     exs[HOSTILE].rewrite = _attack(
-        attack, idents[HOSTILE], opts[0].plans, cfg, sent, idents[0].peer_id, opts[0].digest
+        attack,
+        idents[HOSTILE],
+        opts[0].plans,
+        cfg,
+        sent,
+        [i.peer_id for i in idents[:HOSTILE]],
+        opts[0].digest,
     )
     nonfinite = False
     t0 = time.perf_counter()
@@ -270,15 +290,19 @@ def _row(
     seconds: float,
 ) -> dict[str, Any]:
     hostile = idents[HOSTILE].peer_id
+    guard = opts[0].guard
+    guard.flush()
     credit = dict.fromkeys((i.peer_id for i in idents), 0)
+    for _, peers in guard.final_credit:
+        for p in peers:
+            credit[p] += s.batch
     detected = None
     for rep in opts[0].reports:
-        for p in rep.credited:
-            credit[p] += s.batch
         caught = hostile in rep.rejected or hostile in rep.flagged or hostile not in rep.combined
         if detected is None and caught:
             detected = rep.step
-    for p in opts[0].guard.neutralised:  # caught cheating: every round's credit is forfeit
+    cheats = set(guard.neutralised) | {p for rep in opts[0].reports for p in rep.rejected}
+    for p in cheats:  # caught cheating (neutralised, or a packet rejected by rule): all credit is forfeit
         credit[p] = 0
     honest = [credit[i.peer_id] for i in idents[:HOSTILE]]
     return {

@@ -23,7 +23,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("hostile", help="one hostile peer of eight, attack by attack: loss, credit, detection")
     p.add_argument("--json", action="store_true", help="print a JSON list of rows")
     p.add_argument("--quick", action="store_true", help="a short run (tests, < 30 s)")
-    p.add_argument("--steps", type=int, default=None, help="steps per row (default 150)")
+    p.add_argument("--steps", type=int, default=None, help="steps per row (default 200)")
     p.set_defaults(func=run)
 
 

@@ -12,11 +12,27 @@ Every row also carries ``seven_honest_val_loss``: the run where peer 7's packets
 (from step 1 it only replays its step-0 packet), i.e. the seven honest peers' data alone, the
 best any defence can do once it has shut the hostile peer out.
 
+The workload is a benchmark design choice, made so that a final-loss comparison means
+something: a swarm that shuts one peer out loses that peer's data, and while the loss is still
+falling steeply that alone costs a few per cent (150 steps at lr 2e-3, noise 0.1: the seven
+honest peers alone ended 3.6 % above the eight). So every row, clean and attacked alike, runs the
+same ``HostileSetting``: 200 steps with the learning rate (1e-2, ``ours_k32``'s update rules)
+warmed up over 10 and decayed to zero at the end (cosine), 64 samples per peer and step, and
+label noise 0.2, whose floor (0.04) is most of the final loss, as the entropy floor is most of
+a language model's. Then the seven-honest reference ends within ~1 % of the eight-peer run and a
+ratio to the clean row measures the hostile peer's influence, not the missing batch.
+
 Per row: the honest peer 0's validation loss, whether a non-finite value ever reached an honest
 replica's weights, the step the hostile peer was neutralised (or first detected / rejected),
-credit (each accepted, combined and unflagged packet earns its batch's tokens, and a peer
-neutralised at any step forfeits all of it: caught cheating; honest credit is the mean over the
-seven honest peers) and the share of the swarm's compute spent judging rounds.
+credit (each round's final credit, ``Guard.final_credit``, settled ``robust.credit_delay`` rounds
+late: a packet earns its batch's tokens; a peer neutralised at any step, or any of whose packets
+a replica rejected by rule (STALE_STEP, OFF_PLAN, UNKNOWN_PEER, ...), is caught cheating and
+forfeits all of it, its genuine packets included, so the hostile credit is 0 in every attacked
+row; no honest packet is ever rejected here, a real node must tell a late packet from a replay;
+honest credit is the mean over the seven honest peers) and the share of the swarm's compute
+spent judging rounds. ``copy`` re-signs a different honest peer's packet each step;
+``copy_one_victim`` always peer 0's (the case ``verify.py`` cannot tell apart: the victim
+forfeits the copied rounds). Rows run in up to two processes (``run_all``).
 """
 
 from __future__ import annotations
@@ -24,6 +40,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import multiprocessing
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -63,21 +81,24 @@ MAX_FLOAT = 3.4e38
 
 @dataclasses.dataclass(frozen=True)
 class HostileSetting:
-    """The run every row shares: steps, batch, model widths, seed."""
+    """The run every row shares (module docstring: why these): steps, per-peer batch, model widths,
+    label noise, peak lr, warm-up steps, the lr's floor at the end (share of peak), seed."""
 
-    steps: int = 150
-    batch: int = 32
+    steps: int = 200
+    batch: int = 64
     d_in: int = 32
     hidden: int = 64
     d_out: int = 16
-    noise: float = 0.1
-    lr: float = 2e-3
+    noise: float = 0.2
+    lr: float = 1e-2
     warmup: int = 10
-    min_lr_ratio: float = 0.1
+    min_lr_ratio: float = 0.0
     seed: int = 0
 
 
-QUICK = HostileSetting(steps=12)
+QUICK = HostileSetting(steps=12, noise=0.1, lr=2e-3, min_lr_ratio=0.1)
+"""A wiring check for tests (< 30 s): 12 steps at a small lr, where one missing batch barely
+moves the loss; the issue's bounds are measured on the default ``HostileSetting``."""
 
 
 def _model(s: HostileSetting) -> nn.Module:
@@ -319,14 +340,28 @@ def _row(
     }
 
 
-def run_all(s: HostileSetting, attacks: tuple[str, ...] = ATTACKS) -> list[dict[str, Any]]:
-    """Every row; ``clean_val_loss`` and the ratios against the clean row are filled in."""
+def _row_job(job: tuple[str, HostileSetting, str]) -> dict[str, Any]:
     torch.set_num_threads(1)
-    clean = run_attack("none", s)
-    plain = run_attack("none", s, combine="none")
-    silent = run_attack("silent", s)
+    return run_attack(job[0], job[1], combine=job[2])
+
+
+def run_all(
+    s: HostileSetting, attacks: tuple[str, ...] = ATTACKS, *, workers: int = 0
+) -> list[dict[str, Any]]:
+    """Every row; ``clean_val_loss`` and the ratios against the clean row are filled in. Rows are
+    independent and deterministic, so they run in ``workers`` processes (0: up to 2, one per
+    core; 1: in this process), each on one thread; the rows do not depend on it."""
+    jobs = [("none", s, "clip"), ("none", s, "none"), ("silent", s, "clip")]
+    jobs += [(a, s, "clip") for a in attacks if a != "none"]
+    n = workers or min(2, os.cpu_count() or 1)
+    if n == 1:
+        done = [_row_job(j) for j in jobs]
+    else:
+        with multiprocessing.get_context("spawn").Pool(n) as pool:
+            done = pool.map(_row_job, jobs, chunksize=1)
+    clean, plain, silent, rest = done[0], done[1], done[2], done[3:]
     clean["plain_mean_val_loss"] = plain["val_loss"]
-    rows = [clean] + [run_attack(a, s) for a in attacks if a != "none"]
+    rows = [clean, *rest]
     for r in rows:
         r["clean_val_loss"] = clean["val_loss"]
         r["seven_honest_val_loss"] = silent["val_loss"]

@@ -4,7 +4,10 @@ The engine is ``hostile_run`` (imported when the benchmark runs: torch stays out
 commands). Prints a table, or with ``--json`` the rows: ``attack``, ``val_loss``,
 ``clean_val_loss``, ``plain_mean_val_loss`` (clean row), ``nonfinite_applied``,
 ``neutralised_at_step``, ``detected_at_step``, ``hostile_credit``, ``honest_credit`` (mean over
-the honest peers), ``verify_cost_share`` and the ratios to the clean row.
+the honest peers), ``verify_cost_share`` and the ratios to the clean row. The workload (200
+steps, lr decayed to zero, label noise 0.2) is chosen so that the final loss compares: a swarm
+that shuts one peer out loses that peer's data, and the seven-honest reference row shows how
+much (``hostile_run``'s docstring; docs/decisions/robust-aggregation.md).
 """
 
 from __future__ import annotations

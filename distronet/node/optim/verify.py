@@ -49,8 +49,10 @@ the rounds' packets only, so every replica settles the same credit.
 
 Rounds of fewer than ``min_peers`` packets get only the finiteness rule: a median of two is no
 statistic. The history is replicated state of the optimizer; a replica that adopts the swarm's
-state mid-run starts with a clean history (the neutralised set is not yet part of the state).
-Cost per round: one float64 pass over the values (norms), one hash per packet, one bincount.
+state mid-run starts with a clean history (the neutralised set, the copy window and the held
+credit are not yet part of the state).
+Cost per round: one float64 pass over the values (norms), one hash per packet, one bincount,
+and a pass over the copy groups of the last W rounds.
 """
 
 from __future__ import annotations

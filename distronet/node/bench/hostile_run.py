@@ -12,11 +12,27 @@ Every row also carries ``seven_honest_val_loss``: the run where peer 7's packets
 (from step 1 it only replays its step-0 packet), i.e. the seven honest peers' data alone, the
 best any defence can do once it has shut the hostile peer out.
 
+The workload is a benchmark design choice, made so that a final-loss comparison means
+something: a swarm that shuts one peer out loses that peer's data, and while the loss is still
+falling steeply that alone costs a few per cent (150 steps at lr 2e-3, noise 0.1: the seven
+honest peers alone ended 3.6 % above the eight). So every row, clean and attacked alike, runs the
+same ``HostileSetting``: 200 steps with the learning rate (1e-2, ``ours_k32``'s update rules)
+warmed up over 10 and decayed to zero at the end (cosine), 64 samples per peer and step, and
+label noise 0.2, whose floor (0.04) is most of the final loss, as the entropy floor is most of
+a language model's. Then the seven-honest reference ends within ~1 % of the eight-peer run and a
+ratio to the clean row measures the hostile peer's influence, not the missing batch.
+
 Per row: the honest peer 0's validation loss, whether a non-finite value ever reached an honest
 replica's weights, the step the hostile peer was neutralised (or first detected / rejected),
-credit (each accepted, combined and unflagged packet earns its batch's tokens, and a peer
-neutralised at any step forfeits all of it: caught cheating; honest credit is the mean over the
-seven honest peers) and the share of the swarm's compute spent judging rounds.
+credit (each round's final credit, ``Guard.final_credit``, settled ``robust.credit_delay`` rounds
+late: a packet earns its batch's tokens; a peer neutralised at any step, or any of whose packets
+a replica rejected by rule (STALE_STEP, OFF_PLAN, UNKNOWN_PEER, ...), is caught cheating and
+forfeits all of it, its genuine packets included, so the hostile credit is 0 in every attacked
+row; no honest packet is ever rejected here, a real node must tell a late packet from a replay;
+honest credit is the mean over the seven honest peers) and the share of the swarm's compute
+spent judging rounds. ``copy`` re-signs a different honest peer's packet each step;
+``copy_one_victim`` always peer 0's (the case ``verify.py`` cannot tell apart: the victim
+forfeits the copied rounds). Rows run in up to two processes (``run_all``).
 """
 
 from __future__ import annotations
@@ -24,6 +40,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import multiprocessing
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -51,6 +69,7 @@ ATTACKS = (
     "random_indices",
     "stale_replay",
     "copy",
+    "copy_one_victim",
     "zeros",
     "off_plan",
     "ground_leader_key",
@@ -62,18 +81,24 @@ MAX_FLOAT = 3.4e38
 
 @dataclasses.dataclass(frozen=True)
 class HostileSetting:
-    """The run every row shares: steps, batch, model widths, seed."""
+    """The run every row shares (module docstring: why these): steps, per-peer batch, model widths,
+    label noise, peak lr, warm-up steps, the lr's floor at the end (share of peak), seed."""
 
-    steps: int = 150
-    batch: int = 32
+    steps: int = 200
+    batch: int = 64
     d_in: int = 32
     hidden: int = 64
     d_out: int = 16
-    noise: float = 0.1
+    noise: float = 0.2
+    lr: float = 1e-2
+    warmup: int = 10
+    min_lr_ratio: float = 0.0
     seed: int = 0
 
 
-QUICK = HostileSetting(steps=12)
+QUICK = HostileSetting(steps=12, noise=0.1, lr=2e-3, min_lr_ratio=0.1)
+"""A wiring check for tests (< 30 s): 12 steps at a small lr, where one missing batch barely
+moves the loss; the issue's bounds are measured on the default ``HostileSetting``."""
 
 
 def _model(s: HostileSetting) -> nn.Module:
@@ -164,7 +189,7 @@ def _attack(
     plans: list[TensorPlan],
     cfg: DistroConfig,
     sent: dict[tuple[bytes, int], bytes],
-    victim: bytes,
+    victims: list[bytes],
     digest: bytes,
 ) -> Callable[[int, bytes], bytes] | None:
     """The rewrite the hostile peer applies to each of its frames for attack ``name``."""
@@ -197,10 +222,13 @@ def _attack(
         return lambda step, fr: sent.get((ident.peer_id, step - 1), fr)
     if name == "silent":  # the reference: the hostile peer's packets never count (stale from step 1)
         return lambda step, fr: sent.get((ident.peer_id, 0), fr) if step else fr
-    if name == "copy":
-        return lambda step, fr: _recode(
-            sent[(victim, step)], ident, plans, cfg, digest, lambda t, i, v: (i, v)
-        )
+    if name in ("copy", "copy_one_victim"):  # re-signs an honest packet: the next victim's, or peer 0's
+
+        def copy(step: int, fr: bytes) -> bytes:
+            victim = victims[step % len(victims)] if name == "copy" else victims[0]
+            return _recode(sent[(victim, step)], ident, plans, cfg, digest, lambda t, i, v: (i, v))
+
+        return copy
     if name == "ground_leader_key":
         return vals(lambda v: v * 1e6)
     return None
@@ -217,7 +245,14 @@ def run_attack(
     """One row: eight peers, peer 7 hostile under ``attack`` (module docstring). ``share_rounds=False``
     makes every replica combine each round on its own (the strict determinism test);
     ``keep_models`` adds the models under ``"_models"``."""
-    cfg = preset("ours_k32", total_steps=s.steps, warmup_steps=10, robust=combine)
+    cfg = preset(
+        "ours_k32",
+        lr=s.lr,
+        total_steps=s.steps,
+        warmup_steps=s.warmup,
+        min_lr_ratio=s.min_lr_ratio,
+        robust=combine,
+    )
     task = _Task(s)
     hub = MemoryHub()
     cache = DecodeCache(max_entries=4 * N_PEERS, max_rounds=2 if share_rounds else 0)
@@ -237,7 +272,13 @@ def run_attack(
         opts.append(opt)
         exs.append(ex)
     exs[HOSTILE].rewrite = _attack(
-        attack, idents[HOSTILE], opts[0].plans, cfg, sent, idents[0].peer_id, opts[0].digest
+        attack,
+        idents[HOSTILE],
+        opts[0].plans,
+        cfg,
+        sent,
+        [i.peer_id for i in idents[:HOSTILE]],
+        opts[0].digest,
     )
     nonfinite = False
     t0 = time.perf_counter()
@@ -270,15 +311,19 @@ def _row(
     seconds: float,
 ) -> dict[str, Any]:
     hostile = idents[HOSTILE].peer_id
+    guard = opts[0].guard
+    guard.flush()
     credit = dict.fromkeys((i.peer_id for i in idents), 0)
+    for _, peers in guard.final_credit:
+        for p in peers:
+            credit[p] += s.batch
     detected = None
     for rep in opts[0].reports:
-        for p in rep.credited:
-            credit[p] += s.batch
         caught = hostile in rep.rejected or hostile in rep.flagged or hostile not in rep.combined
         if detected is None and caught:
             detected = rep.step
-    for p in opts[0].guard.neutralised:  # caught cheating: every round's credit is forfeit
+    cheats = set(guard.neutralised) | {p for rep in opts[0].reports for p in rep.rejected}
+    for p in cheats:  # caught cheating (neutralised, or a packet rejected by rule): all credit is forfeit
         credit[p] = 0
     honest = [credit[i.peer_id] for i in idents[:HOSTILE]]
     return {
@@ -295,14 +340,28 @@ def _row(
     }
 
 
-def run_all(s: HostileSetting, attacks: tuple[str, ...] = ATTACKS) -> list[dict[str, Any]]:
-    """Every row; ``clean_val_loss`` and the ratios against the clean row are filled in."""
+def _row_job(job: tuple[str, HostileSetting, str]) -> dict[str, Any]:
     torch.set_num_threads(1)
-    clean = run_attack("none", s)
-    plain = run_attack("none", s, combine="none")
-    silent = run_attack("silent", s)
+    return run_attack(job[0], job[1], combine=job[2])
+
+
+def run_all(
+    s: HostileSetting, attacks: tuple[str, ...] = ATTACKS, *, workers: int = 0
+) -> list[dict[str, Any]]:
+    """Every row; ``clean_val_loss`` and the ratios against the clean row are filled in. Rows are
+    independent and deterministic, so they run in ``workers`` processes (0: up to 2, one per
+    core; 1: in this process), each on one thread; the rows do not depend on it."""
+    jobs = [("none", s, "clip"), ("none", s, "none"), ("silent", s, "clip")]
+    jobs += [(a, s, "clip") for a in attacks if a != "none"]
+    n = workers or min(2, os.cpu_count() or 1)
+    if n == 1:
+        done = [_row_job(j) for j in jobs]
+    else:
+        with multiprocessing.get_context("spawn").Pool(n) as pool:
+            done = pool.map(_row_job, jobs, chunksize=1)
+    clean, plain, silent, rest = done[0], done[1], done[2], done[3:]
     clean["plain_mean_val_loss"] = plain["val_loss"]
-    rows = [clean] + [run_attack(a, s) for a in attacks if a != "none"]
+    rows = [clean, *rest]
     for r in rows:
         r["clean_val_loss"] = clean["val_loss"]
         r["seven_honest_val_loss"] = silent["val_loss"]

@@ -227,7 +227,10 @@ class Robust:
     packets' aggregate over its last ``cos_window`` rounds that is ≤ 0 and ``cos_gap`` below the
     round's median of those means. A peer flagged in
     ``neutralise_after`` rounds is left out of every later round. Rounds of fewer than
-    ``min_peers`` packets are only clipped to finite values (no median to speak of)."""
+    ``min_peers`` packets are only clipped to finite values (no median to speak of).
+    ``credit_delay`` (W): a round's credit is final W rounds later; a peer in copy groups in more
+    than W/2 of the last W rounds, with varying partners, is neutralised as a copier, and the
+    copy-flagged packets of its partners get their credit back (``verify.py``)."""
 
     combine: str = "clip"
     clip_multiple: float = 2.5
@@ -239,6 +242,7 @@ class Robust:
     cos_gap: float = 0.1
     neutralise_after: int = 5
     min_peers: int = 3
+    credit_delay: int = 8
 
     def __post_init__(self) -> None:
         c = "robust"
@@ -259,6 +263,7 @@ class Robust:
             c, "neutralise_after", self.neutralise_after >= 1, f"must be >= 1, got {self.neutralise_after}"
         )
         _check(c, "min_peers", self.min_peers >= 3, f"must be >= 3, got {self.min_peers}")
+        _check(c, "credit_delay", self.credit_delay >= 2, f"must be >= 2, got {self.credit_delay}")
 
 
 @dataclasses.dataclass(frozen=True)

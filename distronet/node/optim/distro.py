@@ -83,7 +83,7 @@ class StepReport:
     rejected: dict[bytes, RejectCode]
     own_accepted: bool
     combined: tuple[bytes, ...] = ()  # the packets that went into the sum (after drops, copies)
-    credited: tuple[bytes, ...] = ()  # combined and not flagged: these earn this round's credit
+    credited: tuple[bytes, ...] = ()  # combined and not flagged (provisional: guard.final_credit)
     flagged: dict[bytes, str] = dataclasses.field(default_factory=dict)
     neutralised: frozenset[bytes] = frozenset()
     nonfinite_blocked: int = 0  # tensors whose update would have been non-finite (not applied)
@@ -361,6 +361,7 @@ class DistroOptimizer(torch.optim.Optimizer):
         n = 0 if used is None else int(used.numel())
         combined = tuple(comb.peers[i] for i in used.tolist()) if used is not None else ()
         credited = tuple(p for p in verdict.credited(dec.peers) if p in combined)
+        self.guard.settle(verdict, rnd.step, credited, combined)  # final credit: guard.final_credit
         report = StepReport(
             rnd.step,
             lr,

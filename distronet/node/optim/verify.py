@@ -15,10 +15,23 @@ What each check catches, and what it does not:
   free rider who sends small noise of honest size (that needs the credit side's data checks).
 * **flag "copy"** (the same indices as another packet this round and values within 1 % of its
   norm): a peer re-signing another's packet, re-quantised or not. The copy counts once in the
-  sum. Both members of the pair are flagged for that round (nothing in the bytes says who
-  copied; the credit side's recomputation can), so copying costs its victim that round's
-  credit; copy flags do not neutralise.
-  Misses a copy perturbed by more than 1 %, or with indices changed.
+  sum; every member of the copy group is flagged for that round (nothing in one round's bytes
+  says who copied), so its credit is held back, not yet lost. Copy flags do not count toward
+  ``neutralise_after``; instead, over the last W = ``credit_delay`` rounds, a peer in copy groups
+  in more than W/2 of them, with at least two distinct partners, none of which is itself in
+  copy groups in more than W/2 of them, is neutralised as a copier. A round's credit is final
+  W rounds after it (``settle``): a copy-flagged packet gets its credit back when its content
+  was summed (it or its twin) and every other member of its group has been neutralised as a
+  copier by then. So a copier that rotates over victims is neutralised within W/2 + 1 rounds
+  and its victims keep their credit. What it cannot tell: a copier bound to one victim (the
+  pair is symmetric in the bytes: two peers with the same packets every round and no other
+  partner); neither is neutralised, both forfeit the copied rounds' credit (neutralising either
+  could evict an honest peer; the credit side's recomputation against leased data can tell
+  them apart). Colluding copiers that share a victim in one round at least once every W
+  rounds shield each other from neutralisation (they still earn nothing for copies), and so
+  does an honest peer copied in more than half the rounds (it shields its copier: no
+  eviction is decided against it). Misses a copy perturbed by more than 1 %, or with indices
+  changed.
 * **flag "cosine"** (the peer's cosine with the combined packets of the others, averaged over its
   last ``cos_window`` rounds, is ≤ 0 and ``cos_gap`` below the round's median of those averages):
   sign-flipped gradients, random indices and values, while the honest peers still agree. Near
@@ -29,10 +42,17 @@ What each check catches, and what it does not:
 * **stale replay** (an old packet of one's own) never gets here: ``open_round`` rejects a
   packet for another step (STALE_STEP), and one not in the run's plan (OFF_PLAN).
 
+Credit (``settle``, ``final_credit``): round t's credited peers (combined, unflagged, plus the
+copy-flagged ones given back as above), less any peer neutralised by round t + W, in peer-id
+order; ``flush`` settles the rounds still pending (end of a run). All of it is computed from
+the rounds' packets only, so every replica settles the same credit.
+
 Rounds of fewer than ``min_peers`` packets get only the finiteness rule: a median of two is no
 statistic. The history is replicated state of the optimizer; a replica that adopts the swarm's
-state mid-run starts with a clean history (the neutralised set is not yet part of the state).
-Cost per round: one float64 pass over the values (norms), one hash per packet, one bincount.
+state mid-run starts with a clean history (the neutralised set, the copy window and the held
+credit are not yet part of the state).
+Cost per round: one float64 pass over the values (norms), one hash per packet, one bincount,
+and a pass over the copy groups of the last W rounds.
 """
 
 from __future__ import annotations
@@ -73,6 +93,7 @@ class Verdict:
     flagged: dict[bytes, str]
     neutralised: frozenset[bytes]
     norms: tuple[float, ...]
+    copies: tuple[frozenset[bytes], ...] = ()
 
     def credited(self, peers: Sequence[bytes]) -> tuple[bytes, ...]:
         """Of the round's accepted ``peers``, those that earn credit: combined and not flagged."""
@@ -84,6 +105,20 @@ class Verdict:
         return repr((self.keep, self.scales)).encode()
 
 
+@dataclasses.dataclass(frozen=True)
+class _Held:
+    """A round whose credit is not final yet: who earned it now, what was summed, its copy groups."""
+
+    step: int
+    credited: tuple[bytes, ...]
+    combined: frozenset[bytes]
+    copies: tuple[frozenset[bytes], ...]
+
+
+FINAL_KEPT = 4096
+"""How many settled rounds ``Guard.final_credit`` keeps (a consumer reads them as they come)."""
+
+
 class Guard:
     """One replica's checks and their replicated history (module docstring)."""
 
@@ -93,6 +128,14 @@ class Guard:
         self.flag_rounds: dict[bytes, int] = collections.Counter()
         self.cos_history: dict[bytes, collections.deque[float]] = {}
         self.neutralised: dict[bytes, int] = {}
+        self.copiers: dict[bytes, int] = {}  # neutralised as copiers, at the step
+        self.copy_window: collections.deque[tuple[frozenset[bytes], ...]] = collections.deque(
+            maxlen=cfg.credit_delay
+        )
+        self.held: collections.deque[_Held] = collections.deque()
+        self.final_credit: collections.deque[tuple[int, tuple[bytes, ...]]] = collections.deque(
+            maxlen=FINAL_KEPT
+        )
         self._patterns: dict[tuple[bytes, bytes], np.ndarray] = {}
 
     def positions(self, flat: FlatPayload) -> np.ndarray:
@@ -120,11 +163,12 @@ class Guard:
         keep = [i for i in live if i not in dropped]
         flagged: dict[bytes, str] = {}
         gidx: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(dec.flats)
+        copies: list[frozenset[bytes]] = []
         if small or cfg.combine == "none":
             scales = [1.0] * len(keep)
         else:
             scales = robust.clip_scales([norms[i] for i in keep], med, cfg.clip_multiple)
-            keep, scales = self._dedupe(dec, keep, scales, flagged)
+            keep, scales = self._dedupe(dec, keep, scales, flagged, copies)
             for i in keep:
                 gidx[i] = self.positions(dec.flats[i])
             self._flag_sizes(dec, keep, norms, med, flagged)
@@ -132,6 +176,7 @@ class Guard:
         for p in dropped:
             flagged[dec.peers[p]] = "dropped"
         self._neutralise(dec.step, flagged)
+        self._catch_copiers(dec.step, tuple(copies))
         verdict = Verdict(
             tuple(keep),
             tuple(scales),
@@ -139,15 +184,23 @@ class Guard:
             flagged,
             frozenset(self.neutralised),
             tuple(norms),
+            tuple(copies),
         )
         return verdict, gidx
 
     def _dedupe(
-        self, dec: DecodedRound, keep: list[int], scales: list[float], flagged: dict[bytes, str]
+        self,
+        dec: DecodedRound,
+        keep: list[int],
+        scales: list[float],
+        flagged: dict[bytes, str],
+        copies: list[frozenset[bytes]],
     ) -> tuple[list[int], list[float]]:
         """Copies (same tensors and indices, values within ``_COPY_TOL`` of the first's norm) count
-        once (the first in peer-id order); every member of a copy group is flagged ``"copy"``."""
+        once (the first in peer-id order); every member of a copy group is flagged ``"copy"``, and
+        the groups (each a first packet's peer and its copies) are appended to ``copies``."""
         first: dict[bytes, list[int]] = {}
+        groups: dict[int, set[bytes]] = {}
         out_k, out_s = [], []
         for i, s in zip(keep, scales, strict=True):
             f = dec.flats[i]
@@ -155,10 +208,12 @@ class Guard:
             twin = next((j for j in first.get(h, []) if _near(dec.flats[j].val, f.val)), None)
             if twin is not None:
                 flagged[dec.peers[i]] = flagged[dec.peers[twin]] = "copy"
+                groups.setdefault(twin, {dec.peers[twin]}).add(dec.peers[i])
                 continue
             first.setdefault(h, []).append(i)
             out_k.append(i)
             out_s.append(s)
+        copies.extend(frozenset(groups[j]) for j in sorted(groups))
         return out_k, out_s
 
     def _flag_sizes(
@@ -211,3 +266,44 @@ class Guard:
             self.flag_rounds[peer] += 1
             if self.flag_rounds[peer] >= self.cfg.neutralise_after and peer not in self.neutralised:
                 self.neutralised[peer] = step
+
+    def _catch_copiers(self, step: int, copies: tuple[frozenset[bytes], ...]) -> None:
+        """Neutralise, as a copier, a peer in copy groups in more than W/2 of the last W rounds
+        (``credit_delay``) with at least two distinct partners, none of them that often in groups."""
+        self.copy_window.append(copies)
+        rounds: collections.Counter[bytes] = collections.Counter()
+        partners: dict[bytes, set[bytes]] = collections.defaultdict(set)
+        for groups in self.copy_window:
+            for peer in set().union(*groups) if groups else set():
+                rounds[peer] += 1
+            for g in groups:
+                for peer in g:
+                    partners[peer] |= g - {peer}
+        heavy = {p for p, n in rounds.items() if 2 * n > self.cfg.credit_delay}
+        for peer in sorted(heavy):
+            if len(partners[peer]) >= 2 and not partners[peer] & heavy and peer not in self.neutralised:
+                self.neutralised[peer] = step
+                self.copiers[peer] = step
+
+    def settle(
+        self, verdict: Verdict, step: int, credited: Sequence[bytes], combined: Sequence[bytes]
+    ) -> None:
+        """Hold round ``step``'s credit (``credited``: combined and unflagged; ``combined``: what
+        was summed) and settle every held round ``credit_delay`` or more rounds older."""
+        self.held.append(_Held(step, tuple(credited), frozenset(combined), verdict.copies))
+        while self.held and self.held[0].step <= step - self.cfg.credit_delay:
+            self._final(self.held.popleft())
+
+    def flush(self) -> None:
+        """Settle every held round with what is known now (the end of a run)."""
+        while self.held:
+            self._final(self.held.popleft())
+
+    def _final(self, h: _Held) -> None:
+        """Round ``h``'s final credit: its credited peers plus copy-group members whose group's
+        content was summed and whose every partner is a copier, less the neutralised peers."""
+        earned = set(h.credited)
+        for g in h.copies:
+            if g & h.combined:
+                earned |= {p for p in g if all(q in self.copiers for q in g - {p})}
+        self.final_credit.append((h.step, tuple(sorted(p for p in earned if p not in self.neutralised))))

@@ -162,3 +162,46 @@ def test_replicas_stay_bit_identical_under_attack_without_shared_rounds() -> Non
     for m in models[1:7]:
         for a, b in zip(ref, m.parameters(), strict=True):
             assert torch.equal(a, b.detach())
+
+
+def _copy_rounds(victim_of: object, steps: int) -> Guard:  # type: ignore[no-untyped-def]
+    """Peers 0-4 honest, peer 5 re-signs ``victim_of(step)``'s packet each round; the guard judges
+    and settles every round as the optimizer does."""
+    guard = Guard(CFG.robust, PLANS)
+    for step in range(steps):
+        frames = {IDENTS[i].peer_id: _honest(i, step) for i in range(5)}
+        frames[IDENTS[5].peer_id] = _recode(frames[IDENTS[victim_of(step)].peer_id], IDENTS[5], lambda v: v)  # type: ignore[operator]
+        dec = packets.open_round(frames, PLANS, CFG, step, DIGEST, CPU)
+        verdict, _ = guard.judge(dec)
+        combined = [dec.peers[i] for i in verdict.keep]
+        guard.settle(verdict, step, [p for p in verdict.credited(dec.peers) if p in combined], combined)
+    guard.flush()
+    return guard
+
+
+def _credits(guard: Guard) -> dict[bytes, int]:
+    out = dict.fromkeys((i.peer_id for i in IDENTS), 0)
+    for _, peers in guard.final_credit:
+        for p in peers:
+            out[p] += 1
+    return out
+
+
+def test_a_rotating_copier_is_neutralised_and_its_victims_keep_their_credit() -> None:
+    steps = 12
+    guard = _copy_rounds(lambda step: step % 5, steps)
+    copier = IDENTS[5].peer_id
+    w = CFG.robust.credit_delay
+    assert guard.copiers == {copier: w // 2} and guard.neutralised[copier] == w // 2
+    credit = _credits(guard)
+    assert credit[copier] == 0
+    assert all(credit[IDENTS[i].peer_id] == steps for i in range(5)), credit  # no copied round lost
+
+
+def test_a_copier_bound_to_one_victim_is_not_told_apart() -> None:
+    steps = 10
+    guard = _copy_rounds(lambda step: 0, steps)
+    credit = _credits(guard)
+    assert not guard.copiers and not guard.neutralised  # symmetric pair: neither is evicted
+    assert credit[IDENTS[5].peer_id] == 0 and credit[IDENTS[0].peer_id] == 0  # both forfeit
+    assert all(credit[IDENTS[i].peer_id] == steps for i in range(1, 5))

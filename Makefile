@@ -43,7 +43,7 @@ typecheck: venv
 	$(BIN)/mypy -p distronet
 
 test: venv lint typecheck
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 unit: venv
 	$(BIN)/python -m pytest -q tests/unit

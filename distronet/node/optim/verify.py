@@ -154,7 +154,8 @@ class Guard:
     def judge(self, dec: DecodedRound) -> tuple[Verdict, list[np.ndarray]]:
         """The round's ``Verdict`` (updating the history) and each packet's coefficient positions."""
         cfg = self.cfg
-        norms = robust.packet_norms(dec.flats)
+        v64 = [f.val.astype(np.float64) for f in dec.flats]  # each packet's values, widened once
+        norms = [float(np.sqrt(np.dot(v, v))) for v in v64]  # = robust.packet_norms(dec.flats)
         live = [i for i, p in enumerate(dec.peers) if p not in self.neutralised]
         small = len(live) < cfg.min_peers
         med = robust.median([norms[i] for i in live])
@@ -172,7 +173,7 @@ class Guard:
             for i in keep:
                 gidx[i] = self.positions(dec.flats[i])
             self._flag_sizes(dec, keep, norms, med, flagged)
-            self._flag_cosines(dec, keep, scales, gidx, flagged)
+            self._flag_cosines(dec, keep, scales, gidx, v64, flagged)
         for p in dropped:
             flagged[dec.peers[p]] = "dropped"
         self._neutralise(dec.step, flagged)
@@ -231,6 +232,7 @@ class Guard:
         keep: list[int],
         scales: list[float],
         gidx: list[np.ndarray],
+        v64: list[np.ndarray],
         flagged: dict[bytes, str],
     ) -> None:
         """Cosine of ``s_i·p_i`` with ``A − s_i·p_i`` (``A`` the clipped sum; float64, fixed order),
@@ -239,14 +241,11 @@ class Guard:
         if len(keep) < self.cfg.min_peers:
             return
         pos = np.concatenate([gidx[i] for i in keep])
-        w = np.concatenate(
-            [dec.flats[i].val.astype(np.float64) * s for i, s in zip(keep, scales, strict=True)]
-        )
-        agg = np.bincount(pos, weights=w, minlength=self.total)
+        scaled = [v64[i] * s for i, s in zip(keep, scales, strict=True)]
+        agg = np.bincount(pos, weights=np.concatenate(scaled), minlength=self.total)
         agg_sq = float(np.dot(agg, agg))
         means: dict[int, float] = {}
-        for i, s in zip(keep, scales, strict=True):
-            v = dec.flats[i].val.astype(np.float64) * s
+        for i, v in zip(keep, scaled, strict=True):
             vv, dot = float(np.dot(v, v)), float(np.dot(v, agg[gidx[i]]))
             others_sq = max(agg_sq - 2.0 * dot + vv, 0.0)
             denom = np.sqrt(vv * others_sq)

@@ -1,7 +1,7 @@
 """The exchange's direct asks on ``MANIFEST_PULL_PROTOCOL``: a better-ranked producer's manifest
 (gossip may have lost it), serving ours, and replaying a round another replica decided.
 
-``AsyncSwarmExchange`` (``exchange.py``) inherits these; the asks are in their own module so the
+``AsyncSwarmExchange`` (``swarm.py``) inherits these; the asks are in their own module so the
 round's life cycle stays readable there. Wire forms: ``protocol/manifest_ask.py``; served
 through the swarm's servicer (:meth:`ManifestAsks._serve_asks`).
 """

@@ -87,6 +87,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from distronet.node.exchange.alone import PROBE_TIMEOUT_S, AloneWatch
+from distronet.node.exchange.announced import Announcements, FrameCheck
 from distronet.node.exchange.asks import ManifestAsks
 from distronet.node.exchange.base import (
     ExchangeError,
@@ -109,14 +110,13 @@ from distronet.node.swarm.pubsub import Gossip, Subscription
 from distronet.node.swarm.pull import all_unreachable, nobody_holds
 from distronet.node.swarm.servicer import StreamServicer
 from distronet.node.swarm.stack import Swarm
-from distronet.protocol.announce import Announcement, open_announcement, seal_announcement
+from distronet.protocol.announce import Announcement, seal_announcement
 from distronet.protocol.errors import RejectCode, Rejected
 from distronet.protocol.identity import peer_id_to_b58
 from distronet.protocol.limits import DEFAULT_LIMITS, DEFAULT_STREAM_LIMITS, Limits
 from distronet.protocol.manifest import (
     Entry,
     RoundManifest,
-    leader_rank,
     may_lead,
     open_manifest,
     seal_manifest,
@@ -132,10 +132,6 @@ __all__ = [
     "manifest_topic",
     "packet_check",
 ]
-
-FrameCheck = Callable[[int, bytes, bytes], bool]
-"""``(step, producer, frame) -> ok``: whether a pulled frame is a valid packet of that producer
-for that step; run in a worker thread before the frame may be listed in a manifest we lead."""
 
 
 def packet_check(run_id: str, layout: bytes, limits: Limits = DEFAULT_LIMITS) -> FrameCheck:
@@ -155,7 +151,7 @@ def packet_check(run_id: str, layout: bytes, limits: Limits = DEFAULT_LIMITS) ->
 log = logging.getLogger(__name__)
 
 
-class AsyncSwarmExchange(ManifestAsks):
+class AsyncSwarmExchange(Announcements, ManifestAsks):
     """The exchange's async core on one node's ``Swarm``. Build with :meth:`create`."""
 
     def __init__(
@@ -325,101 +321,6 @@ class AsyncSwarmExchange(ManifestAsks):
                 handle(msg.data, msg.sender.to_bytes())
             except Rejected as e:
                 self.rejected[e.code] += 1
-
-    def _on_announcement(self, data: bytes, sender: bytes) -> None:
-        ann = open_announcement(data, run_id=self.swarm.run_id, limits=self.config.limits)
-        if ann.peer_id != sender:
-            raise Rejected(RejectCode.WRONG_PEER, "announcement relayed under another sender")
-        self._check_admitted(ann)
-        state = self._round(ann.step, local=False)
-        if state is None:
-            if self._ahead_of_window(ann.step):  # refused now, held in case we get there
-                self._early_notes.hold(ann.peer_id, ann.step, ann)
-            raise Rejected(
-                RejectCode.STALE_STEP, f"announcement for step {ann.step}, window at {self._newest}"
-            )
-        self._admit(state, ann)
-
-    def _check_admitted(self, ann: Announcement) -> None:
-        """Refuse (NOT_ADMITTED, or the credential's own code) an announcement of a producer the
-        run's coordinator has not admitted; a no-op when admission is not enforced."""
-        if not self.admission.enforced:
-            return
-        try:
-            if ann.credential is None:
-                raise Rejected(RejectCode.NOT_ADMITTED, "announcement without a credential")
-            self.admission.offer(ann.credential, ann.peer_id)
-        except Rejected:
-            if len(self._not_admitted) < 4 * self.config.retention:
-                refused = self._not_admitted.setdefault(ann.step, set())
-                if len(refused) < self.config.max_manifest_entries:
-                    refused.add(ann.peer_id)
-            raise
-
-    def _refused(self, step: int) -> set[bytes]:
-        """Producers refused as not admitted in ``step`` or the two rounds before it."""
-        out: set[bytes] = set()
-        for s in (step, step - 1, step - 2):
-            out |= self._not_admitted.get(s, set())
-        return {p for p in out if not self.admission.admits(p)}
-
-    def _rank(self, step: int, peer: bytes) -> bytes:
-        """``peer``'s sort key for leading ``step`` (docs/decisions/leader-rank.md)."""
-        return leader_rank(step, peer, self.admission.ticket(peer))
-
-    def _admit(self, state: RoundState, ann: Announcement) -> None:
-        """A valid announcement of a round in our window: note it and pull its frame if we can."""
-        if not self.admission.admits(ann.peer_id):  # held since, and its credential ran out
-            self.rejected[RejectCode.NOT_ADMITTED] += 1
-            return
-        if ann.peer_id in state.announced:
-            self._stats.duplicates_dropped += 1
-            return
-        if ann.warmup:  # live, but its packet is masked: no pull, no lead, not in any manifest
-            state.announced[ann.peer_id] = ann
-            state.warm.add(ann.peer_id)
-            self.warmup_heard += 1
-            state.changed.set()
-            return
-        if state.frozen:
-            self._stats.late_dropped += 1
-            state.late.add(ann.peer_id)  # a producer all the same: it may lead the next rounds
-            return
-        state.announced[ann.peer_id] = ann
-        state.changed.set()
-        left = state.opened_at + self.round_deadline_s - time.monotonic()
-        key = (ann.step, ann.peer_id)  # held against bytes received, one fair share at most
-        down, shares = self.swarm.bandwidth.down, len(self._subscribed)
-        if not self._holds.admit(down, key, ann.packet_size, left, shares=shares):
-            self.skipped_for_budget += 1  # a subset is pulled rather than the budget exceeded
-            return
-        state.pulls[ann.peer_id] = asyncio.ensure_future(self._pull_announced(state, ann, left))
-
-    async def _pull_announced(self, state: RoundState, ann: Announcement, timeout: float) -> None:
-        try:
-            await self._pull_announced_inner(state, ann, timeout)
-        finally:
-            self._holds.release((ann.step, ann.peer_id))
-            state.changed.set()  # the round may be complete now
-
-    async def _pull_announced_inner(self, state: RoundState, ann: Announcement, timeout: float) -> None:
-        try:
-            frame = await self.swarm.puller.fetch(
-                peer_id(ann.peer_id), ann.packet_sha256, max_bytes=ann.packet_size, size=ann.packet_size,
-                timeout=max(0.1, timeout), step=ann.step,
-                progress=lambda n: self._holds.arrived((ann.step, ann.peer_id), n),
-            )  # fmt: skip
-        except (PullError, Rejected) as e:
-            log.info("pull of step %d from %s failed: %s", ann.step, ann.peer_id_b58, e)
-            return
-        self._stats.count_down(len(frame))
-        check = self.frame_check
-        if check is not None and not await asyncio.to_thread(check, ann.step, ann.peer_id, frame):
-            self.frames_refused += 1  # a valid announcement of an invalid packet: never listed
-            log.info("step %d: the frame of %s is not a valid packet of it", ann.step, ann.peer_id_b58)
-            return
-        if not state.frozen:
-            state.frames[ann.peer_id] = (ann.packet_sha256, frame)
 
     def _open_manifest(self, data: bytes) -> RoundManifest:
         limits = self.config.limits

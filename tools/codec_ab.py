@@ -11,8 +11,9 @@ in a fresh process with that tree first on ``PYTHONPATH``, with that tree's own
 Both trees get the same ``GOMP_SPINCOUNT``.
 
 Prints, per row (tensor set, k, value/index coding): the median over rounds of encode, decode
-and 16-packet decode ms for old and new, new/old, and the bits per coefficient of each (equal
-tensors, equal bits when the encoder is unchanged). ``--json`` on the end prints the rows as JSON.
+and 16-packet decode ms for old and new, the median over rounds of each round's new/old, and
+the bits per coefficient of each (equal tensors and, in each child, the same seeded signing
+keys: equal bits when the encoder is unchanged). ``--json`` on the end prints the rows as JSON.
 """
 
 import json
@@ -45,6 +46,24 @@ def make_tensors(work: Path) -> Path:
     return path
 
 
+def _seeded_identities() -> None:
+    """Make ``Identity.generate`` deterministic (seeds 0, 1, 2, ... in call order) in this child:
+    a packet's signature and peer id are part of what zstd compresses, so fresh random keys move a
+    frame by a few bytes from run to run; with the same keys in both trees, an unchanged encoder
+    gives byte-identical frames and exactly equal bits."""
+    import hashlib
+    import itertools
+
+    from distronet.protocol.identity import Identity
+
+    counter = itertools.count()
+
+    def generate(cls: type[Identity]) -> Identity:
+        return cls.from_seed(hashlib.sha256(b"codec_ab %d" % next(counter)).digest())
+
+    Identity.generate = classmethod(generate)  # type: ignore[method-assign,assignment]
+
+
 def child(path: str) -> None:
     """Measure the tree first on ``sys.path`` over the saved tensors; JSON rows to stdout."""
     import dataclasses
@@ -58,6 +77,7 @@ def child(path: str) -> None:
     from distronet.node.bench.codec_tensors import _make_set
 
     torch.set_num_threads(2)
+    _seeded_identities()
     with np.load(path, allow_pickle=False) as z:
         saved = {n: torch.from_numpy(z[n].copy()) for n in z.files}
     sets = [
@@ -110,25 +130,41 @@ def main(argv: list[str]) -> int:
                 for r in got[label]
             )
 
+        def paired(key: str, j: int = j) -> float:
+            """Median over rounds of that round's new / old (the two children ran back to back,
+            so drift of the machine between rounds cancels)."""
+
+            def ms(r: list[dict[str, object]]) -> float:
+                if key == "decode16_ms":
+                    return float(r[j]["decode_ms"]) * float(r[j]["decode_16_over_1"])  # type: ignore[arg-type]
+                return float(r[j][key])  # type: ignore[arg-type]
+
+            return statistics.median(ms(n) / ms(o) for n, o in zip(got["new"], got["old"], strict=True))
+
         assert got["old"][0][j]["config"] == row["config"], "the two trees' rows differ"
         entry: dict[str, object] = {"config": row["config"]}
         for key in ("encode_ms", "decode_ms"):
             entry[f"old_{key}"], entry[f"new_{key}"] = med("old", key), med("new", key)
         entry["old_decode16_ms"], entry["new_decode16_ms"] = med16("old"), med16("new")
+        for key in ("encode_ms", "decode_ms", "decode16_ms"):
+            entry[f"ratio_{key}"] = paired(key)
         for key in ("bits_per_coefficient", "wire_bytes"):
             entry[f"old_{key}"], entry[f"new_{key}"] = med("old", key), med("new", key)
         table.append(entry)
     if as_json:
         print(json.dumps(table, indent=1))
         return 0
-    print(f"{runs} rounds, old = {old}, new = {HERE}; medians over rounds, ms; ratio = new / old")
+    print(
+        f"{runs} rounds, old = {old}, new = {HERE}; new's median over rounds, ms; "
+        "ratio = median over rounds of new / old in that round"
+    )
     head = f"{'row':<46} {'enc':>15} {'dec':>15} {'dec 16':>15} {'bits/coef':>15}"
     print(head + "\n" + "-" * len(head))
     for e in table:
         cells = []
         for key in ("encode_ms", "decode_ms", "decode16_ms"):
-            o, n = float(e[f"old_{key}"]), float(e[f"new_{key}"])  # type: ignore[arg-type]
-            cells.append(f"{n:7.2f} {n / o:6.3f}x")
+            n, ratio = float(e[f"new_{key}"]), float(e[f"ratio_{key}"])  # type: ignore[arg-type]
+            cells.append(f"{n:7.2f} {ratio:6.3f}x")
         ob, nb = float(e["old_bits_per_coefficient"]), float(e["new_bits_per_coefficient"])  # type: ignore[arg-type]
         cells.append(f"{nb:8.3f} {'=' if ob == nb else f'{nb / ob:.4f}x'}")
         print(f"{e['config']:<46} " + " ".join(f"{c:>15}" for c in cells))

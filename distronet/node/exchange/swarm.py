@@ -69,9 +69,10 @@ is enforced: an announcement without a valid credential of its producer is dropp
 (``NOT_ADMITTED``: never pulled, never listed; its producer is neither ranked nor waited for);
 a manifest is adopted only from an admitted leader, and not when it lists a producer refused
 here; frames are pulled (and rounds replayed) only from admitted peers; leaders rank by the
-coordinator's ticket (``_rank``, docs/decisions/leader-rank.md). A leader lists a pulled frame
-only when ``frame_check`` (the daemon's: ``packet_check``) accepts it. With ``admission`` open
-(no key: tests, local runs) everything is as before.
+coordinator's ticket (``_rank``, docs/decisions/leader-rank.md). Refusals are counted by code
+(``rejected``) and by peer (``refused_peers``); the daemon's status shows both. A leader lists a
+pulled frame only when ``frame_check`` (the daemon's: ``packet_check``) accepts it. With
+``admission`` open (no key: tests, local runs) everything is as before.
 
 ``exchange_sync.SwarmExchange`` wraps this async core in the synchronous ``Exchange`` interface.
 """
@@ -153,6 +154,7 @@ def packet_check(run_id: str, layout: bytes, limits: Limits = DEFAULT_LIMITS) ->
 
 
 log = logging.getLogger(__name__)
+MAX_REFUSED_SHOWN = 64  # peers kept in ``refused_peers``
 
 
 class AsyncSwarmExchange(ManifestAsks):
@@ -167,6 +169,9 @@ class AsyncSwarmExchange(ManifestAsks):
         self.frame_check: FrameCheck | None = None  # None: frames are listed as pulled (tests)
         self.frames_refused = 0  # pulled frames the check refused: never listed by us
         self._not_admitted: dict[int, set[bytes]] = {}  # step -> producers refused as not admitted
+        # peer -> its announcements and manifests refused as not admitted (the latest
+        # ``MAX_REFUSED_SHOWN`` peers, newest last: what the daemon's status shows)
+        self.refused_peers: dict[bytes, int] = {}
         self._stats = ExchangeStats()
         self._rounds: dict[int, RoundState] = {}
         self._own: set[int] = set()
@@ -350,11 +355,24 @@ class AsyncSwarmExchange(ManifestAsks):
                 raise Rejected(RejectCode.NOT_ADMITTED, "announcement without a credential")
             self.admission.offer(ann.credential, ann.peer_id)
         except Rejected:
+            self._note_refused(ann.peer_id)
             if len(self._not_admitted) < 4 * self.config.retention:
                 refused = self._not_admitted.setdefault(ann.step, set())
                 if len(refused) < self.config.max_manifest_entries:
                     refused.add(ann.peer_id)
             raise
+
+    def _note_refused(self, peer: bytes) -> None:
+        """Count one message of ``peer`` refused as not admitted (``refused_peers``, bounded)."""
+        self.refused_peers[peer] = self.refused_peers.pop(peer, 0) + 1  # re-inserted: newest last
+        if len(self.refused_peers) > MAX_REFUSED_SHOWN:
+            del self.refused_peers[next(iter(self.refused_peers))]
+
+    def leader_of(self, step: int) -> bytes | None:
+        """The leader of the manifest this replica adopted for ``step`` (None: not decided here,
+        or out of the retention window)."""
+        state = self._rounds.get(step)
+        return None if state is None or state.adopted is None else state.adopted.leader
 
     def _refused(self, step: int) -> set[bytes]:
         """Producers refused as not admitted in ``step`` or the two rounds before it."""
@@ -436,6 +454,7 @@ class AsyncSwarmExchange(ManifestAsks):
         if man.leader != sender:
             raise Rejected(RejectCode.WRONG_PEER, "manifest relayed under another sender")
         if not self.admission.admits(man.leader):
+            self._note_refused(man.leader)
             raise Rejected(RejectCode.NOT_ADMITTED, "manifest of a leader not admitted to the run")
         listed = {p for p, _, _ in man.entries}
         if listed & self._not_admitted.get(man.step, set()):

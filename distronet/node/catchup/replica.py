@@ -40,6 +40,7 @@ class CatchUpStatus(Protocol):
 
     resyncs: int  # times this replica adopted the swarm's state or replayed up to it
     resync_steps: list[int]  # steps resumed from a downloaded state, with momentum at zero
+    state_donors: list[str]  # for each of those states, the donor whose signed manifest was chosen
     replayed_rounds: int
     fell_behind: int  # failed rounds that found this replica behind the swarm
     warmup_until: int  # our packets for steps below this are masked warm-up packets

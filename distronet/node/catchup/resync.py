@@ -46,12 +46,13 @@ from distronet.node.catchup.digests import DigestBoard
 from distronet.node.catchup.drift import DriftCount, DriftWatch
 from distronet.node.catchup.replay import replay_rounds, vouched_step
 from distronet.node.catchup.replica import CatchUpStatus, Replica
-from distronet.node.catchup.statesync import Admitted, NoNewerState, StateDonor, fetch_state
+from distronet.node.catchup.statesync import Admitted, NoNewerState, StateDonor, StateManifest, fetch_state
 from distronet.node.exchange.swarm import AsyncSwarmExchange, FellBehind
 from distronet.node.swarm.errors import SwarmError
 from distronet.node.swarm.hivemind_shim import PeerID
 from distronet.node.swarm.stack import Swarm
 from distronet.protocol.errors import ConfigError, DistroError
+from distronet.protocol.identity import peer_id_to_b58
 
 __all__ = ["VERIFY_STEPS", "CatchUp", "CatchUpError", "DownloadProgress"]
 
@@ -196,13 +197,14 @@ class CatchUp:
             newer_than = max(newer_than, self.replica.step)  # rounds replayed before it stopped count
             bound = await self._bound(peers)
             max_step = bound if max_step is None or bound is None else min(max_step, bound)
-        blob = await self._fetch(donors, newer_than, timeout, max_step)
-        if blob is None or not await self._adopt(blob):
+        got = await self._fetch(donors, newer_than, timeout, max_step)
+        if got is None or not await self._adopt(got[1]):
             return False
         if replay:  # the swarm moved on during the download
             await self._replay(peers, REPLAY_AFTER_S)
         self.status.resyncs += 1
         self.status.resync_steps.append(self.replica.step)  # where it resumes, with momentum at zero
+        self.status.state_donors.append(peer_id_to_b58(got[0].peer_id))
         self.replica.verify_until = self.replica.step + VERIFY_STEPS
         # zero momentum: our next packets are masked warm-up packets
         self.status.warmup_until = self.core.start_warmup(self.replica.step)
@@ -238,10 +240,10 @@ class CatchUp:
 
     async def _fetch(
         self, donors: Sequence[PeerID], newer_than: int, timeout: float, max_step: int | None
-    ) -> bytes | None:
-        """The state blob a quorum of the donors agree on if its step is > ``newer_than`` (and at
-        most ``max_step``), or None (none newer; or no quorum, or none could be fetched:
-        ``failed``)."""
+    ) -> tuple[StateManifest, bytes] | None:
+        """The manifest and state blob a quorum of the donors agree on if its step is >
+        ``newer_than`` (and at most ``max_step``), or None (none newer; or no quorum, or none
+        could be fetched: ``failed``)."""
         try:
             manifest, blob = await fetch_state(
                 self.swarm,
@@ -260,7 +262,7 @@ class CatchUp:
             log.info("no state to catch up from: %s", e)
             self.failed = True
             return None
-        return blob if manifest.step > newer_than else None
+        return (manifest, blob) if manifest.step > newer_than else None
 
     async def _adopt(self, blob: bytes) -> bool:
         """Load ``blob`` into a fresh optimizer and train on from its step, then offer it to

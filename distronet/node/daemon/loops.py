@@ -273,9 +273,14 @@ def _account(parts: LoopParts, res: StepResult, wall: float, up0: int, down0: in
         m.packets.labels("accepted", "").inc(len(report.accepted))
         for code in report.rejected.values():
             m.packets.labels("rejected", code.name).inc()
-        s.record_round(report.step, [_b58(p) for p in report.accepted])
+        leader = core.leader_of(report.step)
+        s.record_round(
+            report.step, [_b58(p) for p in report.accepted], None if leader is None else _b58(leader)
+        )
         _queue_receipts(parts, report)
     s.warmup_heard, s.alone_waits, s.dead_frames = core.warmup_heard, core.alone.waits, core.dead_frames
+    s.rejected = {code.name: n for code, n in core.rejected.items()}
+    s.not_admitted = {_b58(p): n for p, n in core.refused_peers.items()}
     s.pending_reports = parts.client.pending
     s.record_digest(res.step, digest)
     m.steps.inc()

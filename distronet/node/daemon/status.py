@@ -7,7 +7,11 @@ The line shows step, loss, peers, up/down rate against the budget, shard and con
 
 ``StatusFile`` writes the same facts as JSON (atomically), plus the parameter digest of the
 last few steps (``digests``: step -> sha256) and the accepted set of the last few rounds
-(``accepted``: step -> producers' peer ids), so replicas and rounds can be compared from outside.
+(``accepted``: step -> producers' peer ids) and who led each (``leaders``: step -> the adopted
+manifest's leader), so replicas and rounds can be compared from outside; ``rejected`` (gossip and
+asks the exchange refused, by reject code) and ``not_admitted`` (peer id -> its announcements and
+manifests refused as not admitted, for the latest 64 such peers) show who was kept out, and
+``state_donors`` whose state each adoption took.
 """
 
 from __future__ import annotations
@@ -54,6 +58,9 @@ class NodeStatus:
     drift_differs: int = 0
     resyncs: int = 0  # times this node adopted the swarm's state (newcomer catch-up, failed round)
     resync_steps: list[int] = dataclasses.field(default_factory=list)  # steps resumed from a state (recent)
+    # for each of those states, the signer of the manifest chosen (every donor backing it offered
+    # the same step and root): whose state was adopted
+    state_donors: list[str] = dataclasses.field(default_factory=list)
     replayed_rounds: int = 0  # rounds the swarm decided that this node replayed to catch up
     fell_behind: int = 0  # rounds that found this node behind the swarm (paused, cut off)
     warmup_until: int = -1  # our packets for steps below this are masked warm-up packets
@@ -68,17 +75,25 @@ class NodeStatus:
     cpu_optimizer_s: float = 0.0  # of which the optimizer step (encode, decode, apply)
     digests: dict[int, str] = dataclasses.field(default_factory=dict)
     accepted: dict[int, list[str]] = dataclasses.field(default_factory=dict)  # step -> producers
+    leaders: dict[int, str] = dataclasses.field(default_factory=dict)  # step -> the adopted leader
+    rejected: dict[str, int] = dataclasses.field(default_factory=dict)  # reject code -> messages refused
+    not_admitted: dict[str, int] = dataclasses.field(default_factory=dict)  # peer -> messages refused
 
     def record_digest(self, step: int, digest: str) -> None:
         self.digests[step] = digest
         for old in sorted(self.digests)[:-KEEP_DIGESTS]:
             del self.digests[old]
 
-    def record_round(self, step: int, producers: list[str]) -> None:
-        """The accepted set of ``step`` (base58 peer ids), kept for the last ``KEEP_ROUNDS`` rounds."""
+    def record_round(self, step: int, producers: list[str], leader: str | None = None) -> None:
+        """The accepted set of ``step`` (base58 peer ids) and its leader (when known), kept for the
+        last ``KEEP_ROUNDS`` rounds."""
         self.accepted[step] = producers
         for old in sorted(self.accepted)[:-KEEP_ROUNDS]:
             del self.accepted[old]
+        if leader is not None:
+            self.leaders[step] = leader
+        for old in [s for s in self.leaders if s not in self.accepted]:
+            del self.leaders[old]
 
     def to_json(self) -> dict[str, Any]:
         """The status as a JSON-ready dict (written after every step: shallow copies only, no
@@ -86,8 +101,12 @@ class NodeStatus:
         d = {f.name: getattr(self, f.name) for f in _FIELDS}
         d["digests"] = {str(k): v for k, v in self.digests.items()}
         d["accepted"] = {str(k): v for k, v in self.accepted.items()}
+        d["leaders"] = {str(k): v for k, v in self.leaders.items()}
+        d["rejected"] = dict(self.rejected)
+        d["not_admitted"] = dict(self.not_admitted)
         d["completed_units"] = self.completed_units[-MAX_UNITS:]
         d["resync_steps"] = self.resync_steps[-MAX_UNITS:]
+        d["state_donors"] = self.state_donors[-MAX_UNITS:]
         for k in ("loss", "up_budget", "down_budget"):
             if not math.isfinite(d[k]):
                 d[k] = None

@@ -30,9 +30,10 @@ if TYPE_CHECKING:
     from distronet.node.swarm.budget import Reservations
     from distronet.node.swarm.stack import Swarm
 
-__all__ = ["Announcements", "FrameCheck"]
+__all__ = ["MAX_REFUSED_SHOWN", "Announcements", "FrameCheck"]
 
 log = logging.getLogger(__name__)
+MAX_REFUSED_SHOWN = 64  # peers kept in ``refused_peers``
 
 FrameCheck = Callable[[int, bytes, bytes], bool]
 """``(step, producer, frame) -> ok``: whether a pulled frame is a valid packet of that producer
@@ -54,6 +55,7 @@ class Announcements:
     _newest: int
     _stats: ExchangeStats
     _not_admitted: dict[int, set[bytes]]
+    refused_peers: dict[bytes, int]
     _subscribed: set[bytes]
     _holds: Reservations
     _early_notes: HoldBack[Announcement]
@@ -88,11 +90,18 @@ class Announcements:
                 raise Rejected(RejectCode.NOT_ADMITTED, "announcement without a credential")
             self.admission.offer(ann.credential, ann.peer_id)
         except Rejected:
+            self._note_refused(ann.peer_id)
             if len(self._not_admitted) < 4 * self.config.retention:
                 refused = self._not_admitted.setdefault(ann.step, set())
                 if len(refused) < self.config.max_manifest_entries:
                     refused.add(ann.peer_id)
             raise
+
+    def _note_refused(self, peer: bytes) -> None:
+        """Count one message of ``peer`` refused as not admitted (``refused_peers``, bounded)."""
+        self.refused_peers[peer] = self.refused_peers.pop(peer, 0) + 1  # re-inserted: newest last
+        if len(self.refused_peers) > MAX_REFUSED_SHOWN:
+            del self.refused_peers[next(iter(self.refused_peers))]
 
     def _refused(self, step: int) -> set[bytes]:
         """Producers refused as not admitted in ``step`` or the two rounds before it."""

@@ -69,9 +69,10 @@ is enforced: an announcement without a valid credential of its producer is dropp
 (``NOT_ADMITTED``: never pulled, never listed; its producer is neither ranked nor waited for);
 a manifest is adopted only from an admitted leader, and not when it lists a producer refused
 here; frames are pulled (and rounds replayed) only from admitted peers; leaders rank by the
-coordinator's ticket (``_rank``, docs/decisions/leader-rank.md). A leader lists a pulled frame
-only when ``frame_check`` (the daemon's: ``packet_check``) accepts it. With ``admission`` open
-(no key: tests, local runs) everything is as before.
+coordinator's ticket (``_rank``, docs/decisions/leader-rank.md). Refusals are counted by code
+(``rejected``) and by peer (``refused_peers``); the daemon's status shows both. A leader lists a
+pulled frame only when ``frame_check`` (the daemon's: ``packet_check``) accepts it. With
+``admission`` open (no key: tests, local runs) everything is as before.
 
 ``exchange_sync.SwarmExchange`` wraps this async core in the synchronous ``Exchange`` interface.
 """
@@ -163,6 +164,9 @@ class AsyncSwarmExchange(Announcements, ManifestAsks):
         self.frame_check: FrameCheck | None = None  # None: frames are listed as pulled (tests)
         self.frames_refused = 0  # pulled frames the check refused: never listed by us
         self._not_admitted: dict[int, set[bytes]] = {}  # step -> producers refused as not admitted
+        # peer -> its announcements and manifests refused as not admitted (the latest
+        # ``MAX_REFUSED_SHOWN`` peers, newest last: what the daemon's status shows)
+        self.refused_peers: dict[bytes, int] = {}
         self._stats = ExchangeStats()
         self._rounds: dict[int, RoundState] = {}
         self._own: set[int] = set()
@@ -322,6 +326,12 @@ class AsyncSwarmExchange(Announcements, ManifestAsks):
             except Rejected as e:
                 self.rejected[e.code] += 1
 
+    def leader_of(self, step: int) -> bytes | None:
+        """The leader of the manifest this replica adopted for ``step`` (None: not decided here,
+        or out of the retention window)."""
+        state = self._rounds.get(step)
+        return None if state is None or state.adopted is None else state.adopted.leader
+
     def _open_manifest(self, data: bytes) -> RoundManifest:
         limits = self.config.limits
         return open_manifest(
@@ -337,6 +347,7 @@ class AsyncSwarmExchange(Announcements, ManifestAsks):
         if man.leader != sender:
             raise Rejected(RejectCode.WRONG_PEER, "manifest relayed under another sender")
         if not self.admission.admits(man.leader):
+            self._note_refused(man.leader)
             raise Rejected(RejectCode.NOT_ADMITTED, "manifest of a leader not admitted to the run")
         listed = {p for p, _, _ in man.entries}
         if listed & self._not_admitted.get(man.step, set()):

@@ -21,6 +21,7 @@ from distronet.node.catchup.statesync import NoNewerState, NoQuorum
 from distronet.node.daemon.status import NodeStatus
 from distronet.node.exchange.swarm import FellBehind
 from distronet.protocol.errors import ConfigError
+from distronet.protocol.identity import Identity
 
 WARMUP = 3
 
@@ -34,6 +35,7 @@ class _Peer:
 
 
 A, B = _Peer(b"a" * 38), _Peer(b"b" * 38)
+DONOR = Identity.from_seed(b"\x05" * 32)  # the signer of the state manifest the fake fetch chooses
 
 
 @dataclass
@@ -77,7 +79,7 @@ def _catch_up(monkeypatch: pytest.MonkeyPatch, net: _Net, step: int = 0) -> tupl
             raise net.fetch
         if net.fetch is None:
             raise NoNewerState("nothing newer")
-        return SimpleNamespace(step=net.fetch), b"blob"
+        return SimpleNamespace(step=net.fetch, peer_id=DONOR.peer_id), b"blob"
 
     def load_state_blob(blob: bytes, model: Any, optimizer: Any) -> int:
         err = net.loads.pop(0) if net.loads else None
@@ -136,6 +138,7 @@ async def test_too_far_behind_it_adopts_a_state_with_zero_momentum_then_replays_
     assert cu.offered == [40]  # offered to others in turn
     assert replica.step == 42 and net.replayed[1][1] == resync.REPLAY_AFTER_S
     assert status.resyncs == 2 and status.resync_steps == [42]  # the download and the replay after it
+    assert status.state_donors == [DONOR.peer_id_b58]  # whose state it adopted
     assert status.warmup_until == 42 + WARMUP and replica.verify_until == 42 + VERIFY_STEPS
 
 

@@ -78,8 +78,9 @@ class Replica:
 
     async def snapshot(self) -> tuple[int, bytes]:
         """``(step, state blob)`` of the next step boundary (now, if no step is running): what the
-        state donor serves on request. Copies params + replicated optimizer state once (~10 ms
-        for the default model, in a worker thread); the next step waits for that copy."""
+        state donor serves on request. Copies params + replicated optimizer state (the guard's
+        history too) once (~10 ms for the default model, in a worker thread); the next step waits
+        for that copy."""
         from distronet.node.catchup.state import state_blob  # imports torch (loaded by now)
 
         async with self.lock:

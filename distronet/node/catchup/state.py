@@ -10,31 +10,45 @@ packets are for rounds the others may already have decided; the exchange hands i
 rounds, so it applies exactly the updates the others applied and catches up while the rounds are
 retained.
 
-Blob format (deterministic, so equal parameters give equal root hashes on every donor)::
+Blob format (deterministic, so equal states give equal root hashes on every donor)::
 
-    b"DNS0" | u32 header length | header JSON {"step", "tensors": [[name, shape, nbytes], ...],
-    "ints": {"<param>#<key>": int}} | the float32 bytes of each tensor, in order
+    b"DNB1" | u32 header length | header JSON {"step", "tensors": [[name, shape, nbytes], ...],
+    "ints": {"<param>#<key>": int}, "guard": {...}} | the float32 bytes of each tensor, in order
 
 ``tensors`` lists every parameter first (model order), then replicated optimizer state as
-``"<param>#<key>"`` (same shape as the parameter).
+``"<param>#<key>"`` (same shape as the parameter). ``guard`` (present when the optimizer keeps a
+``verify.Guard``) is the guard's replicated history, ``guard_state.guard_state``'s document: the
+flags, cosines, neutralised peers, copy window and held credit that decide the next rounds.
 
 Everything read is checked against the model and the optimizer before anything is copied
 (:func:`load_state_blob`): every parameter present once, in model order, and nothing else; each
 optimizer entry a known key of the right kind (``TENSOR_STATE`` a tensor of the parameter's
 shape, ``INT_STATE`` a bounded integer), each one the fresh optimizer already holds present;
-every value finite. A blob that breaks a rule is refused whole (``StateRefused``).
+every value finite; the guard's history present when the optimizer keeps a guard, and within its
+bounds (``guard_state.load_guard_state``; ignored when the optimizer keeps none). A blob that
+breaks a rule is refused whole (``StateRefused``).
+
+Versions: the magic names the format. ``DNS0`` (until the guard's history travelled) had no
+``guard``; this node refuses such a blob with a ``StateRefused`` that names it (a guard started
+clean would sum peers the swarm has neutralised), and a ``DNS0`` node refuses a ``DNB1`` blob as
+of a bad magic. Either way nothing is loaded and the fetcher retries later: a swarm adopts state
+only among nodes of one format, so upgrade its nodes together. (Not ``DNS1``: that is the
+state-manifest ask, ``protocol/state.py``.)
 """
 
 from __future__ import annotations
 
 import json
 import struct
+from typing import NamedTuple
 
 import numpy as np
 import torch
 from torch import nn
 
-from distronet.protocol.errors import ConfigError
+from distronet.node.catchup.errors import StateRefused
+from distronet.node.catchup.guard_state import guard_state, load_guard_state
+from distronet.node.optim.verify import Guard
 
 __all__ = [
     "INT_STATE",
@@ -46,8 +60,12 @@ __all__ = [
     "state_blob",
 ]
 
-MAGIC = b"DNS0"
-MAX_HEADER = 1 << 20
+MAGIC = b"DNB1"
+OLD_MAGIC = b"DNS0"
+MAX_HEADER = 1 << 25
+"""The header's byte limit (32 MiB): the tensor list is small, the guard's history grows with
+the peers a run has seen (~300 bytes each) and the rounds held (~80 bytes per peer each)."""
+HEADER_KEYS = frozenset({"step", "tensors", "ints", "guard"})
 LOCAL_STATE = frozenset({"momentum"})
 """Optimizer state keys that are this replica's own (error-feedback momentum): never shared.
 Every other per-parameter state (the Adam rule's ``v`` and ``n``, the overlap ``consensus``) is
@@ -57,10 +75,6 @@ TENSOR_STATE = frozenset({"consensus", "outer", "u_ema", "v"})
 INT_STATE = frozenset({"n"})
 """Its replicated per-parameter integers (the Adam rule's update count)."""
 MAX_INT_STATE = 2**53
-
-
-class StateRefused(ConfigError):
-    """A peer's state blob is malformed or does not fit this run's model and optimizer."""
 
 
 def _f32(t: torch.Tensor) -> bytes:
@@ -90,20 +104,40 @@ def _layout(
     return names, tensors, ints
 
 
-def _head(step: int, names: list[list[object]], ints: dict[str, int]) -> bytes:
-    header = json.dumps({"step": step, "tensors": names, "ints": ints}, separators=(",", ":")).encode()
+def _guard(optimizer: torch.optim.Optimizer | None) -> Guard | None:
+    guard = getattr(optimizer, "guard", None)
+    return guard if isinstance(guard, Guard) else None
+
+
+def _head(step: int, names: list[list[object]], ints: dict[str, int], guard: Guard | None) -> bytes:
+    head: dict[str, object] = {"step": step, "tensors": names, "ints": ints}
+    if guard is not None:
+        head["guard"] = guard_state(guard)
+    header = json.dumps(head, separators=(",", ":")).encode()
     return MAGIC + struct.pack(">I", len(header)) + header
 
 
 def state_blob(step: int, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> bytes:
-    """The parameters of ``model`` (and the replicated optimizer state) at ``step``, float32
-    little-endian. Costs one copy of them."""
+    """The parameters of ``model`` (and the replicated optimizer state, the guard's history
+    included) at ``step``, float32 little-endian. Costs one copy of them."""
     names, tensors, ints = _layout(model, optimizer)
-    return _head(step, names, ints) + b"".join(_f32(t) for t in tensors)
+    return _head(step, names, ints, _guard(optimizer)) + b"".join(_f32(t) for t in tensors)
 
 
-def _header(blob: bytes) -> tuple[int, int, list[object], dict[str, object]]:
-    """``(header end, step, tensor entries, ints)``. Raises StateRefused."""
+class _Header(NamedTuple):
+    end: int  # where the tensor bytes start
+    step: int
+    entries: list[object]
+    ints: dict[str, object]
+    guard: object  # the guard's history, unchecked (None when absent)
+
+
+def _header(blob: bytes) -> _Header:
+    """The header, its fields' types checked (not the guard's history). Raises StateRefused."""
+    if blob[:4] == OLD_MAGIC:
+        raise StateRefused(
+            "state blob: format DNS0, of an older node (no guard history); this node reads DNB1 only"
+        )
     if len(blob) < 8 or blob[:4] != MAGIC:
         raise StateRefused("state blob: bad magic")
     (n,) = struct.unpack(">I", blob[4:8])
@@ -114,11 +148,11 @@ def _header(blob: bytes) -> tuple[int, int, list[object], dict[str, object]]:
         step, entries, ints = head["step"], list(head["tensors"]), dict(head.get("ints", {}))
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise StateRefused(f"state blob: bad header ({e})") from e
-    if not isinstance(head, dict) or head.keys() - {"step", "tensors", "ints"}:
+    if not isinstance(head, dict) or head.keys() - HEADER_KEYS:
         raise StateRefused("state blob: unknown header fields")
     if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= MAX_INT_STATE:
         raise StateRefused(f"state blob: bad step {step!r}")
-    return 8 + n, step, entries, ints
+    return _Header(8 + n, step, entries, ints, head.get("guard"))
 
 
 def _arrays(
@@ -167,15 +201,29 @@ def _check_expected(
                 raise StateRefused(f"state blob: optimizer state {name}#{key} missing")
 
 
+def _load_guard(optimizer: torch.optim.Optimizer | None, doc: object, step: int) -> None:
+    """The blob's guard history into the optimizer's guard, if it keeps one; checked whole before
+    it replaces anything. Raises StateRefused."""
+    guard = _guard(optimizer)
+    if guard is None:
+        return
+    if doc is None:
+        raise StateRefused(f"state blob at step {step}: no guard history, and this optimizer keeps one")
+    try:
+        load_guard_state(guard, doc, max_step=step)
+    except StateRefused as e:
+        raise StateRefused(f"state blob at step {step}: {e}") from e
+
+
 def load_state_blob(blob: bytes, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> int:
-    """Copy the blob's parameters into ``model`` (and its replicated optimizer state into
-    ``optimizer.state``); return the blob's step.
+    """Copy the blob's parameters into ``model`` (its replicated optimizer state into
+    ``optimizer.state``, its guard history into ``optimizer.guard``); return the blob's step.
 
     Raises ``StateRefused`` (a ``ConfigError``) when the blob is malformed, holds a value that is
     not finite, or does not fit ``model`` and ``optimizer`` exactly (module doc); nothing is
     copied then. Cost: one pass over the blob (the finiteness check) before the copy.
     """
-    off, step, entries, ints = _header(blob)
+    off, step, entries, ints, guard_doc = _header(blob)
     params = dict(model.named_parameters())
     if len(entries) < len(params) or len(entries) > (1 + len(TENSOR_STATE)) * len(params):
         raise StateRefused(f"state blob: {len(entries)} tensors at step {step}, the model has {len(params)}")
@@ -185,6 +233,7 @@ def load_state_blob(blob: bytes, model: nn.Module, optimizer: torch.optim.Optimi
     tensors = {str(e[0]) for e in entries[len(params) :]}  # type: ignore[index]
     _check_ints(ints, params, tensors)
     _check_expected(optimizer, params, tensors | set(ints))
+    _load_guard(optimizer, guard_doc, step)  # the last check: it replaces the guard's history
     with torch.no_grad():
         for p, key, a in arrays:
             t = torch.from_numpy(a.astype(np.float32)).to(p.device)

@@ -1,9 +1,12 @@
 """Local checkpoints for restart/resume: ``torch.save`` of tensors and plain values only.
 
 A checkpoint holds the step it was taken *after* (the next step to run), the model's
-``state_dict``, the optimizer's ``state_dict`` and the run id plus the parameter digest. It is
-written to a temporary file and renamed, so a crash mid-write leaves the previous one intact.
-Loading uses ``torch.load(weights_only=True)``: a file can hold no code.
+``state_dict``, the optimizer's ``state_dict``, the guard's replicated history
+(``catchup/guard_state.py``'s document: plain lists, strings and numbers) and the run id plus the
+parameter digest. It is written to a temporary file and renamed, so a crash mid-write leaves the
+previous one intact. Loading uses ``torch.load(weights_only=True)``: a file can hold no code.
+A checkpoint written before the guard's history was kept has no ``guard`` (None): it still
+loads, with a clean history (``training.build_training`` says so in the log).
 """
 
 from __future__ import annotations
@@ -28,13 +31,15 @@ class CheckpointError(DistroError):
 
 @dataclasses.dataclass(frozen=True)
 class Checkpoint:
-    """``step`` is the next step to run; ``digest`` the parameter hash at that point."""
+    """``step`` is the next step to run; ``digest`` the parameter hash at that point; ``guard``
+    the guard's history (``guard_state.guard_state``), None in an older checkpoint."""
 
     run_id: str
     step: int
     digest: str
     model: dict[str, torch.Tensor]
     optimizer: dict[str, Any]
+    guard: dict[str, Any] | None = None
 
 
 def save_checkpoint(path: Path, ckpt: Checkpoint) -> None:
@@ -69,4 +74,7 @@ def load_checkpoint(path: Path, *, run_id: str) -> Checkpoint | None:
     step = doc.get("step")
     if not isinstance(step, int) or step < 0:
         raise CheckpointError(f"checkpoint {path}: bad step {step!r}")
-    return Checkpoint(run_id, step, str(doc.get("digest", "")), doc["model"], doc["optimizer"])
+    guard = doc.get("guard")
+    if guard is not None and not isinstance(guard, dict):
+        raise CheckpointError(f"checkpoint {path}: bad guard history; delete it to start fresh")
+    return Checkpoint(run_id, step, str(doc.get("digest", "")), doc["model"], doc["optimizer"], guard)

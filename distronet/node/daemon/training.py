@@ -16,9 +16,11 @@ from pathlib import Path
 import torch
 
 from distronet.node.backends import ComputeBackend
+from distronet.node.catchup.errors import StateRefused
+from distronet.node.catchup.guard_state import guard_state, load_guard_state
 from distronet.node.catchup.replica import Replica
 from distronet.node.config import NodeConfig
-from distronet.node.daemon.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from distronet.node.daemon.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from distronet.node.daemon.parts import ShardFeed, peer_index
 from distronet.node.daemon.trainer import BatchSource, Trainer
 from distronet.node.data.batch_share import SharedFeed
@@ -84,6 +86,7 @@ def build_training(
     path = cfg.data_path / CHECKPOINT_FILE
     ckpt = load_checkpoint(path, run_id=cfg.run_id)
     if ckpt is not None:
+        _restore_guard(optimizer, ckpt, path)
         model.load_state_dict(ckpt.model)
         optimizer.load_state_dict(ckpt.optimizer)
         optimizer.resume_at(ckpt.step)
@@ -92,9 +95,22 @@ def build_training(
     return Training(trainer, replica, feed, path)
 
 
+def _restore_guard(optimizer: DistroOptimizer, ckpt: Checkpoint, path: Path) -> None:
+    """Load the checkpoint's guard history into ``optimizer.guard`` (checked as a peer's would be:
+    ``guard_state.load_guard_state``). Raises ``CheckpointError`` when it is refused."""
+    if ckpt.guard is None:
+        log.warning("checkpoint %s has no guard history (an older node's): judging from a clean one", path)
+        return
+    try:
+        load_guard_state(optimizer.guard, ckpt.guard, max_step=ckpt.step)
+    except StateRefused as e:
+        raise CheckpointError(f"checkpoint {path}: {e}; delete it to start fresh") from e
+
+
 def save(training: Training, run_id: str) -> None:
-    """Save model + optimizer at the replica's step (the next step to run) to its checkpoint
-    path (atomically). Runs on the caller's thread: call it in a worker thread."""
+    """Save model + optimizer (and its guard's history) at the replica's step (the next step to
+    run) to its checkpoint path (atomically). Runs on the caller's thread: call it in a worker
+    thread."""
     trainer, replica = training.trainer, training.replica
     save_checkpoint(
         training.checkpoint_path,
@@ -104,5 +120,6 @@ def save(training: Training, run_id: str) -> None:
             trainer.digest(),
             trainer.model.state_dict(),
             replica.optimizer.state_dict(),
+            guard_state(replica.optimizer.guard),
         ),
     )

@@ -48,9 +48,11 @@ order; ``flush`` settles the rounds still pending (end of a run). All of it is c
 the rounds' packets only, so every replica settles the same credit.
 
 Rounds of fewer than ``min_peers`` packets get only the finiteness rule: a median of two is no
-statistic. The history is replicated state of the optimizer; a replica that adopts the swarm's
-state mid-run starts with a clean history (the neutralised set, the copy window and the held
-credit are not yet part of the state).
+statistic. The history (``flag_rounds``, ``cos_history``, ``neutralised``, ``copiers``,
+``copy_window``, ``held``) is replicated state of the optimizer: it travels with the swarm's state
+(``catchup/guard_state.py``, in the state blob and the local checkpoint), so a replica that adopts
+the state mid-run judges the next rounds as the donors do. ``final_credit`` is this replica's log
+of settled credit, not state (nothing later is computed from it).
 Cost per round: one float64 pass over the values (norms), one hash per packet, one bincount,
 and a pass over the copy groups of the last W rounds.
 """
@@ -69,7 +71,7 @@ from distronet.node.optim import robust
 from distronet.node.optim.config import Robust
 from distronet.node.optim.packets import DecodedRound, TensorPlan
 
-__all__ = ["Guard", "Verdict"]
+__all__ = ["Guard", "Held", "Verdict"]
 
 _COPY_TOL = 0.01
 """Two packets with the same indices whose values differ by at most this share of the first's
@@ -106,7 +108,7 @@ class Verdict:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Held:
+class Held:
     """A round whose credit is not final yet: who earned it now, what was summed, its copy groups."""
 
     step: int
@@ -132,7 +134,7 @@ class Guard:
         self.copy_window: collections.deque[tuple[frozenset[bytes], ...]] = collections.deque(
             maxlen=cfg.credit_delay
         )
-        self.held: collections.deque[_Held] = collections.deque()
+        self.held: collections.deque[Held] = collections.deque()
         self.final_credit: collections.deque[tuple[int, tuple[bytes, ...]]] = collections.deque(
             maxlen=FINAL_KEPT
         )
@@ -289,7 +291,7 @@ class Guard:
     ) -> None:
         """Hold round ``step``'s credit (``credited``: combined and unflagged; ``combined``: what
         was summed) and settle every held round ``credit_delay`` or more rounds older."""
-        self.held.append(_Held(step, tuple(credited), frozenset(combined), verdict.copies))
+        self.held.append(Held(step, tuple(credited), frozenset(combined), verdict.copies))
         while self.held and self.held[0].step <= step - self.cfg.credit_delay:
             self._final(self.held.popleft())
 
@@ -298,7 +300,7 @@ class Guard:
         while self.held:
             self._final(self.held.popleft())
 
-    def _final(self, h: _Held) -> None:
+    def _final(self, h: Held) -> None:
         """Round ``h``'s final credit: its credited peers plus copy-group members whose group's
         content was summed and whose every partner is a copier, less the neutralised peers."""
         earned = set(h.credited)

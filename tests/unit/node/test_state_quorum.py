@@ -14,7 +14,7 @@ import torch
 
 from distronet.node.catchup.digests import state_to_adopt
 from distronet.node.catchup.replay import kth_newest
-from distronet.node.catchup.state import StateRefused, load_state_blob, state_blob
+from distronet.node.catchup.state import MAGIC, StateRefused, load_state_blob, state_blob
 from distronet.node.catchup.statesync import NoQuorum, choose_root
 from distronet.node.daemon.trainer import ModelSpec, param_digest
 from distronet.node.models.build import build_model
@@ -105,7 +105,7 @@ def parts(blob: bytes) -> tuple[dict[str, object], bytes]:
 
 def pack(head: dict[str, object], body: bytes) -> bytes:
     h = json.dumps(head, separators=(",", ":")).encode()
-    return b"DNS0" + struct.pack(">I", len(h)) + h + body
+    return MAGIC + struct.pack(">I", len(h)) + h + body
 
 
 def donor_blob() -> tuple[torch.nn.Module, torch.optim.Optimizer, bytes]:
@@ -169,4 +169,4 @@ def test_a_good_state_still_loads() -> None:
     a, _, blob = donor_blob()
     b = model(2)
     opt = torch.optim.SGD(b.parameters(), lr=0.1)
-    assert load_state_blob(blob, b, opt) == 5 and param_digest(a) == param_digest(b)
+    assert load_state_blob(pack(*parts(blob)), b, opt) == 5 and param_digest(a) == param_digest(b)

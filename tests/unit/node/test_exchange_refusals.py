@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from distronet.node.daemon.status import KEEP_ROUNDS, NodeStatus
-from distronet.node.exchange.swarm import MAX_REFUSED_SHOWN, AsyncSwarmExchange, ExchangeConfig
+from distronet.node.exchange.announced import MAX_REFUSED_SHOWN
+from distronet.node.exchange.swarm import AsyncSwarmExchange, ExchangeConfig
 from distronet.node.exchange.types import RoundState
 from distronet.node.swarm.admission import Admission
 from distronet.protocol.announce import seal_announcement

@@ -48,4 +48,10 @@ def test_a_node_a_few_rounds_late_replays_them_and_trains_in_step(tmp_path: Path
     assert "state download" not in log and "adopted the swarm's state" not in log, log[-3000:]
     assert step >= target and len(digests) == 1, (step, digests)
     assert statuses[2]["resyncs"] == 1 and statuses[2]["drift_differs"] == 0
-    assert all(s["resyncs"] == 0 for s in statuses[:2])
+    assert all(s["resyncs"] == 0 for s in statuses[:2]), [
+        {
+            k: s.get(k)
+            for k in ("step", "resyncs", "resync_steps", "drift_differs", "fell_behind", "rounds_failed")
+        }
+        for s in statuses
+    ]

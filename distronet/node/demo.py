@@ -216,6 +216,15 @@ class LocalSwarm:
         except (OSError, ValueError):
             return {}
 
+    def log_tail(self, i: int, lines: int = 40) -> str:
+        """The last ``lines`` lines of node ``i``'s log (empty when it logs to stdout): what a
+        failed wait reports, so a CI failure names its cause."""
+        try:
+            text = (self.folder / f"node{i}.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
     def wait_steps(self, nodes: list[int], step: int, timeout: float) -> None:
         """Until each of ``nodes`` has finished ``step``; raises ``SwarmFailure`` if one exits or is late."""
 

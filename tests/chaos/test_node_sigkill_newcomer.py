@@ -43,7 +43,7 @@ from typing import Any
 
 import pytest
 
-from distronet.node.demo import LocalSwarm, wait_identical, wait_until, write_run
+from distronet.node.demo import LocalSwarm, SwarmFailure, wait_identical, wait_until, write_run
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(300)]
 SEED = 5
@@ -106,7 +106,13 @@ def test_two_nodes_killed_one_newcomer_the_run_keeps_stepping(tmp_path: Path) ->
         target = min(swarm.status(i)["step"] for i in survivors)
         started = time.monotonic()
         new = swarm.start_node("--log-level", "info")  # its log shows where the join time goes
-        wait_until(lambda: in_step(swarm, new, survivors, target), NEWCOMER_S, "the newcomer to be in step")
+        try:
+            wait_until(
+                lambda: in_step(swarm, new, survivors, target), NEWCOMER_S, "the newcomer to be in step"
+            )
+        except SwarmFailure as e:  # name the cause: the newcomer's log and where everyone is
+            where = {i: swarm.status(i).get("step") for i in [*survivors, new]}
+            raise SwarmFailure(f"{e}; steps {where}; the newcomer's log:\n{swarm.log_tail(new)}") from e
         in_step_s = time.monotonic() - started
         live = [new, *survivors]
         peer[new] = swarm.status(new)["peer_id"]

@@ -40,7 +40,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from distronet.node.catchup.digests import DigestBoard
 from distronet.node.catchup.drift import DriftCount, DriftWatch
@@ -195,9 +195,8 @@ class CatchUp:
             if replayed or (replayed is False and joining):
                 return bool(replayed)
             newer_than = max(newer_than, self.replica.step)  # rounds replayed before it stopped count
-            bound = await self._bound(peers)
-            max_step = bound if max_step is None or bound is None else min(max_step, bound)
-        got = await self._fetch(donors, newer_than, timeout, max_step)
+        bound = (lambda: self._bound(peers)) if replay else None  # asked once the offers are in
+        got = await self._fetch(donors, newer_than, timeout, max_step, bound)
         if got is None or not await self._adopt(got[1]):
             return False
         if replay:  # the swarm moved on during the download
@@ -239,11 +238,17 @@ class CatchUp:
         return None if vouched is None else max(vouched, 0) + SWARM_SLACK
 
     async def _fetch(
-        self, donors: Sequence[PeerID], newer_than: int, timeout: float, max_step: int | None
+        self,
+        donors: Sequence[PeerID],
+        newer_than: int,
+        timeout: float,
+        max_step: int | None,
+        bound: Callable[[], Awaitable[int | None]] | None,
     ) -> tuple[StateManifest, bytes] | None:
         """The manifest and state blob a quorum of the donors agree on if its step is >
-        ``newer_than`` (and at most ``max_step``), or None (none newer; or no quorum, or none
-        could be fetched: ``failed``)."""
+        ``newer_than`` (and at most ``max_step`` and ``bound()``, asked after the offers came:
+        ``statesync.fetch_state``), or None (none newer; or no quorum, or none could be fetched:
+        ``failed``)."""
         try:
             manifest, blob = await fetch_state(
                 self.swarm,
@@ -255,6 +260,7 @@ class CatchUp:
                 quorum=self.quorum,
                 admitted=self.admitted,
                 max_step=max_step,
+                bound=bound,
             )
         except NoNewerState:
             return None

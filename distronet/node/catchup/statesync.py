@@ -235,15 +235,18 @@ async def fetch_state(
     quorum: int = 2,
     admitted: Admitted | None = None,
     max_step: int | None = None,
+    bound: Callable[[], Awaitable[int | None]] | None = None,
 ) -> tuple[StateManifest, bytes]:
     """Fetch the state a quorum of the ``donors`` agree on (:func:`choose_root`); returns its
     manifest and the blob.
 
     Only distinct donors that ``admitted`` accepts (all, without it) are asked; the root needs
     ``min(quorum, donors asked)`` of them; an offer past ``max_step`` (the newest step the swarm
-    is known to have reached) does not count. With ``newer_than``, only the manifests are asked
-    for when the agreed state is not above it (``NoNewerState``): nothing is downloaded for a
-    state the caller would not adopt.
+    is known to have reached) does not count, nor one past what ``bound()`` returns (None: no
+    bound) when awaited *after* the offers came: the steps the peers vouch for then, so an
+    honest donor's offer is never past it however fast the swarm steps, and a liar's far step
+    is. With ``newer_than``, only the manifests are asked for when the agreed state is not above
+    it (``NoNewerState``): nothing is downloaded for a state the caller would not adopt.
 
     Raises: NoNewerState, NoQuorum (no root has a quorum: retry later), PullError (no donor
     offers a state, or a chunk no donor could deliver), PullTimeout (``timeout`` passed;
@@ -257,6 +260,8 @@ async def fetch_state(
     offers = [m for m in asked if m is not None and m.size <= max_size]
     if not offers:
         raise PullError(f"none of {len(donors)} donor(s) offered a state")
+    if bound is not None and (vouched := await bound()) is not None:
+        max_step = vouched if max_step is None else min(max_step, vouched)
     manifest = choose_root(offers, quorum=min(quorum, len(unique)), max_step=max_step)
     if newer_than is not None and manifest.step <= newer_than:
         raise NoNewerState(

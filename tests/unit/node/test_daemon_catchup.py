@@ -55,6 +55,7 @@ class _Net:
     loads: list[Exception | None] = field(default_factory=list)  # a load that raises, in order
     replayed: list[tuple[set[bytes], float]] = field(default_factory=list)
     fetched: list[tuple[set[bytes], int]] = field(default_factory=list)
+    bounds: list[int | None] = field(default_factory=list)  # what ``bound()`` gave, once offers came
 
 
 def _catch_up(monkeypatch: pytest.MonkeyPatch, net: _Net, step: int = 0) -> tuple[CatchUp, Replica, Any]:
@@ -73,8 +74,12 @@ def _catch_up(monkeypatch: pytest.MonkeyPatch, net: _Net, step: int = 0) -> tupl
             rep.step += got.rounds
         return got
 
-    async def fetch_state(_swarm: Any, donors: list[Any], *, newer_than: int, **_: Any) -> tuple[Any, bytes]:
-        net.fetched.append(({d.name for d in donors}, newer_than))
+    async def fetch_state(
+        _swarm: Any, donors: list[Any], *, newer_than: int, bound: Any = None, **_: Any
+    ) -> tuple[Any, bytes]:
+        net.fetched.append(({d.name for d in donors}, newer_than))  # the offers are in ...
+        if bound is not None:
+            net.bounds.append(await bound())  # ... then the bound is asked
         if isinstance(net.fetch, Exception):
             raise net.fetch
         if net.fetch is None:
@@ -140,6 +145,27 @@ async def test_too_far_behind_it_adopts_a_state_with_zero_momentum_then_replays_
     assert status.resyncs == 2 and status.resync_steps == [42]  # the download and the replay after it
     assert status.state_donors == [DONOR.peer_id_b58]  # whose state it adopted
     assert status.warmup_until == 42 + WARMUP and replica.verify_until == 42 + VERIFY_STEPS
+
+
+async def test_the_step_bound_is_asked_after_the_offers_so_a_fast_swarm_is_not_out_of_bounds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CI saw a newcomer never join: it asked the peers' steps (34), then the offers (37, the
+    swarm steps ~7 a second) were past the bound 34 + SWARM_SLACK, again and again. The bound is
+    now asked once the offers are in; a drift repair (donors given) has none."""
+    net = _Net([None, Replayed(first=40, rounds=0, swarm_step=40)], fetch=40)
+    cu, _, _ = _catch_up(monkeypatch, net, step=3)
+    asked: list[int] = []
+
+    async def vouched(_core: Any, peers: list[bytes], quorum: int) -> int:
+        asked.append(len(net.fetched))  # how many fetches had begun when the peers were asked
+        return 39
+
+    monkeypatch.setattr(resync, "vouched_step", vouched)
+    assert await cu.catch_up(newer_than=3, timeout=30.0)
+    assert asked == [1] and net.bounds == [39 + resync.SWARM_SLACK]
+    assert await cu.catch_up(newer_than=8, timeout=30.0, donors=[B])
+    assert net.bounds == [39 + resync.SWARM_SLACK]  # no bound for the drift check's winners
 
 
 async def test_drift_repair_fetches_from_the_winners_only_and_never_replays(

@@ -49,7 +49,7 @@ def test_metrics_sigterm_checkpoint_and_resume(tmp_path: Path) -> None:
         assert "process_resident_memory_bytes" in text
         assert swarm.stop(swarm.nodes[0]) == 0
         first = swarm.status(0)
-        assert first["state"] == "closed" and (tmp_path / "node0" / "checkpoint.pt").exists()
+        assert first["state"] == "closed" and (tmp_path / "node0" / "checkpoint.safetensors").exists()
 
         swarm.nodes.pop()
         swarm.node_dirs.pop()

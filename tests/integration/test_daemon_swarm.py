@@ -74,7 +74,7 @@ def test_three_nodes_train_identically_and_stop_on_signals(tmp_path: Path) -> No
         assert s["drift_differs"] == 0
     assert sum(s["drift_equal"] for s in statuses) >= 1
     for i in range(2):
-        assert (tmp_path / f"node{i}" / "checkpoint.pt").exists()
+        assert (tmp_path / f"node{i}" / "checkpoint.safetensors").exists()
     for i in range(3):  # a healthy mesh: no member looked missing from the topics (swarm.links)
         log = (tmp_path / f"node{i}.log").read_bytes()[: trained[i]].decode(errors="replace")
         assert "re-dialling" not in log and "differ from" not in log, log[-2000:]

@@ -35,7 +35,8 @@ from distronet.protocol.identity import Identity
 __all__ = ["CHECKPOINT_FILE", "Training", "build_training", "save"]
 
 log = logging.getLogger(__name__)
-CHECKPOINT_FILE = "checkpoint.pt"  # in the data dir
+CHECKPOINT_FILE = "checkpoint.safetensors"  # in the data dir (checkpoint.py: format 2)
+OLD_CHECKPOINT_FILE = "checkpoint.pt"  # an older node's torch file (format 1): not read
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,10 @@ def build_training(
     identity: Identity,
 ) -> Training:
     """Build the model on ``backend``, its optimizer over ``core`` and the trainer, at step 0 or
-    at the local checkpoint's step (``data_dir/checkpoint.pt``, when it is of this run). Runs
+    at the local checkpoint's step (``data_dir/checkpoint.safetensors``, when it is of this run). Runs
     on the event loop's thread (the exchange's sync face is bound to the running loop). Raises
-    ``CheckpointError`` for an unreadable checkpoint or one of another run."""
+    ``CheckpointError`` for an unreadable checkpoint, one of another run, or one whose state does
+    not hash to the digest it was saved with."""
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     model = build_model(spec, backend.device)
@@ -85,11 +87,20 @@ def build_training(
     replica = Replica(trainer, optimizer, fresh_optimizer)
     path = cfg.data_path / CHECKPOINT_FILE
     ckpt = load_checkpoint(path, run_id=cfg.run_id)
+    old = cfg.data_path / OLD_CHECKPOINT_FILE
+    if ckpt is None and old.exists():
+        log.warning("%s is an older node's checkpoint (torch format), not read: starting from the run's "
+                    "weights and catching up with the swarm; delete it to silence this", old)  # fmt: skip
     if ckpt is not None:
         _restore_guard(optimizer, ckpt, path)
-        model.load_state_dict(ckpt.model)
-        optimizer.load_state_dict(ckpt.optimizer)
+        try:
+            model.load_state_dict(ckpt.model)
+            optimizer.load_state_dict(ckpt.optimizer)
+        except (RuntimeError, KeyError, ValueError, TypeError) as e:  # torch's words for "does not fit"
+            raise CheckpointError(f"checkpoint {path} does not fit this run's model ({e}); delete it") from e
         optimizer.resume_at(ckpt.step)
+        if ckpt.digest and trainer.digest() != ckpt.digest:
+            raise CheckpointError(f"checkpoint {path}: its state does not hash to its digest; delete it")
         replica.step = ckpt.step
         log.info("resumed from %s at step %d", path, ckpt.step)
     return Training(trainer, replica, feed, path)

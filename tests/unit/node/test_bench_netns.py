@@ -183,7 +183,7 @@ def test_bench_network_table_shows_each_swarm_run() -> None:
 
 def test_bench_network_empties_a_measurements_folder_before_reuse(tmp_path: Path) -> None:
     # a node started where an earlier run left its checkpoint resumes from it: nothing is timed
-    stale = tmp_path / "shaped" / "node0" / "checkpoint.pt"
+    stale = tmp_path / "shaped" / "node0" / "checkpoint.safetensors"
     stale.parent.mkdir(parents=True)
     stale.write_bytes(b"step 35")
     assert network._fresh(tmp_path / "shaped") == tmp_path / "shaped"

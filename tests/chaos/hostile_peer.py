@@ -51,6 +51,7 @@ from distronet.node.exchange.swarm import manifest_topic
 from distronet.node.models.build import build_model
 from distronet.node.models.spec import ModelSpec
 from distronet.node.optim.distro import DistroOptimizer
+from distronet.node.optim.roles import tensor_roles
 from distronet.node.swarm.control import peer_id
 from distronet.node.swarm.membership import MembershipConfig
 from distronet.node.swarm.p2p import SwarmConfig
@@ -147,7 +148,9 @@ def fake_state(run_info: dict[str, Any], me: Identity) -> tuple[torch.nn.Module,
         for p in model.parameters():
             p.add_(SHIFT)
     dcfg = optimizer_config(run_info["id"], run_info["optimizer"])
-    return model, DistroOptimizer(model.named_parameters(), dcfg, MemoryHub().join(me.peer_id), me)
+    return model, DistroOptimizer(
+        model.named_parameters(), dcfg, MemoryHub().join(me.peer_id), me, roles=tensor_roles(model)
+    )
 
 
 async def start_liar(i: int, out: Path, run: str, boot: tuple[str, ...]) -> Liar:

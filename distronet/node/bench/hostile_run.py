@@ -56,6 +56,7 @@ from distronet.node.exchange.memory import MemoryHub
 from distronet.node.optim.config import DistroConfig, preset
 from distronet.node.optim.distro import DistroOptimizer
 from distronet.node.optim.packets import DecodeCache, TensorPlan
+from distronet.node.optim.roles import tensor_roles
 from distronet.protocol.identity import Identity
 from distronet.protocol.packet import open_packet, seal_packet
 
@@ -267,7 +268,15 @@ def run_attack(
     for ident in idents:
         ex = _Recording(hub.join(ident.peer_id), sent)
         model = _model(s)
-        opt = DistroOptimizer(model.named_parameters(), cfg, ex, ident, decode_cache=cache, admitted=admitted)
+        opt = DistroOptimizer(
+            model.named_parameters(),
+            cfg,
+            ex,
+            ident,
+            decode_cache=cache,
+            admitted=admitted,
+            roles=tensor_roles(model),
+        )
         models.append(model)
         opts.append(opt)
         exs.append(ex)

@@ -51,6 +51,7 @@ def compute_rate(
     from distronet.node.exchange.memory import MemoryExchange, MemoryHub
     from distronet.node.models.build import build_model
     from distronet.node.optim.distro import DistroOptimizer
+    from distronet.node.optim.roles import tensor_roles
     from distronet.protocol.identity import Identity
 
     torch.set_num_threads(threads)
@@ -59,7 +60,8 @@ def compute_rate(
     net = build_model(spec, device)
     ident = Identity.generate()
     exchange = MemoryExchange(MemoryHub(), ident.peer_id)
-    opt = DistroOptimizer(net.named_parameters(), optimizer_config("bench", optimizer), exchange, ident)
+    dcfg = optimizer_config("bench", optimizer)
+    opt = DistroOptimizer(net.named_parameters(), dcfg, exchange, ident, roles=tensor_roles(net))
     tokens = load_builtin_corpus().train[:200_000]
     order = BatchOrder(tokens, "bench", spec.seed, peer, spec.batch, spec.seq_len)
     trainer = Trainer(net, opt, order.xy, device)

@@ -51,6 +51,7 @@ from distronet.node.exchange.memory import MemoryHub
 from distronet.node.optim.config import DistroConfig
 from distronet.node.optim.distro import DistroOptimizer
 from distronet.node.optim.packets import DecodeCache
+from distronet.node.optim.roles import tensor_roles
 from distronet.protocol.errors import ConfigError
 from distronet.protocol.identity import Identity
 
@@ -133,7 +134,11 @@ def run_swarm(
         ex = FaultyExchange(hub.join(ident.peer_id), die_at_step=faults.deaths.get(i))
         model = model_factory()
         res.models.append(model)
-        res.optimizers.append(DistroOptimizer(model.named_parameters(), cfg, ex, ident, decode_cache=cache))
+        res.optimizers.append(
+            DistroOptimizer(
+                model.named_parameters(), cfg, ex, ident, decode_cache=cache, roles=tensor_roles(model)
+            )
+        )
         res.peer_ids.append(ident.peer_id)
         res.losses.append([])
         res.upload_bytes.append([])

@@ -30,6 +30,7 @@ from distronet.node.models.build import build_model
 from distronet.node.models.spec import ModelSpec
 from distronet.node.optim.config import DistroConfig
 from distronet.node.optim.distro import DistroOptimizer
+from distronet.node.optim.roles import tensor_roles
 from distronet.protocol.identity import Identity
 
 __all__ = ["CHECKPOINT_FILE", "Training", "build_training", "save"]
@@ -67,9 +68,10 @@ def build_training(
         torch.set_num_threads(cfg.train.threads)
     model = build_model(spec, backend.device)
     exchange = SwarmExchange(core, asyncio.get_running_loop())
+    roles = tensor_roles(model)  # from the model's structure: the same on every replica, MLX ones too
 
     def fresh_optimizer() -> DistroOptimizer:
-        return DistroOptimizer(model.named_parameters(), dcfg, exchange, identity)
+        return DistroOptimizer(model.named_parameters(), dcfg, exchange, identity, roles=roles)
 
     optimizer = fresh_optimizer()
     core.frame_check = packet_check(cfg.run_id, optimizer.digest)  # we lead only with valid packets

@@ -32,7 +32,10 @@ Update rules (``UpdateRule``), applied to the mean aggregate ``D`` of one tensor
 * ``ADAM``: ``D / (sqrt(v̂) + ε)`` with ``v ← β₂·v + (1 − β₂)·D²`` kept per element (identical on
   every replica, since every replica sees the same ``D``): Adam's normalisation of the aggregate.
 * ``ORTHO``: for hidden 2-D matrices Newton–Schulz orthogonalisation (Muon) scaled to RMS 1;
-  embeddings and the output head (``ORTHO_SKIP``) and tensors of rank != 2 use ``fallback``.
+  embeddings, the output head (whose rows are looked up one token at a time: orthogonalising them
+  mixes tokens) and tensors of rank != 2 use ``fallback``. Which tensor is which is decided from
+  the model's structure (module type, shape, tying: ``roles.tensor_roles``), never from its
+  parameter names; ``DistroOptimizer`` takes those roles.
 """
 
 from __future__ import annotations
@@ -48,7 +51,6 @@ from distronet.protocol.errors import ConfigError
 
 __all__ = [
     "FLAT_KEYS",
-    "ORTHO_SKIP",
     "PACKET_BYTES_DEFAULT_GPT",
     "PRESETS",
     "DistroConfig",
@@ -80,11 +82,6 @@ class UpdateRule(str, enum.Enum):
     RMS = "rms"
     ADAM = "adam"
     ORTHO = "ortho"
-
-
-ORTHO_SKIP: tuple[str, ...] = ("wte", "wpe", "lm_head", "embed", "head")
-"""Name parts of the tensors that ``ORTHO`` leaves to ``fallback``: embeddings and the output
-head, whose rows are looked up one token at a time (orthogonalising them mixes tokens)."""
 
 
 def _check(part: str, field: str, ok: bool, msg: str) -> None:

@@ -40,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 import torch
@@ -51,7 +51,7 @@ from distronet.kernels.decode import decode_sum
 from distronet.node.exchange.base import Exchange, Round
 from distronet.node.optim import robust
 from distronet.node.optim.aggregate import round_sums
-from distronet.node.optim.config import ORTHO_SKIP, DistroConfig, UpdateRule, lr_at
+from distronet.node.optim.config import DistroConfig, UpdateRule, lr_at
 from distronet.node.optim.packets import (
     DecodeCache,
     DecodedRound,
@@ -62,6 +62,7 @@ from distronet.node.optim.packets import (
     open_round,
     run_digest,
 )
+from distronet.node.optim.roles import Role
 from distronet.node.optim.update import ADAM_BETA2, ADAM_EPS, apply_rule
 from distronet.node.optim.verify import Guard, Verdict
 from distronet.protocol.errors import ConfigError, RejectCode
@@ -101,10 +102,17 @@ class DistroOptimizer(torch.optim.Optimizer):
 
     ``named_params``: ``model.named_parameters()`` (tied weights appear once). All replicas of a
     run must pass the same names and shapes in the same order, and the same ``cfg``.
+    ``roles``: each parameter's role by name, ``roles.tensor_roles(model)`` (decided from the
+    model's structure; ``ORTHO`` orthogonalises ``HIDDEN`` tensors, every other role takes
+    ``update.fallback``). Required when ``cfg.update.rule`` is ``ORTHO``, the one rule that treats
+    tensors by role: ``None`` there raises ``ConfigError`` (no guess from names or shapes). With
+    any other rule every tensor gets that rule and ``roles`` may be ``None``; when given it is
+    checked all the same.
     ``decode_cache`` lets replicas of one process decode each frame once (``DecodeCache``).
     ``admitted``: the peers whose packets may count (others: UNKNOWN_PEER); None admits any signer.
     ``verify_seconds`` sums the time spent judging rounds (``verify.Guard``) and combining them.
-    Raises ``ConfigError`` for an empty or non-float parameter list.
+    Raises ``ConfigError`` for an empty or non-float parameter list, and for ``roles`` that do not
+    name exactly these parameters or give ``VECTOR`` to a matrix or another role to a non-matrix.
     """
 
     def __init__(
@@ -116,6 +124,7 @@ class DistroOptimizer(torch.optim.Optimizer):
         *,
         decode_cache: DecodeCache | None = None,
         admitted: frozenset[bytes] | None = None,
+        roles: Mapping[str, Role] | None = None,
     ) -> None:
         named = list(named_params)
         if not named:
@@ -123,6 +132,7 @@ class DistroOptimizer(torch.optim.Optimizer):
         for name, p in named:
             if not p.is_floating_point():
                 raise ConfigError(f"parameter {name} is not floating point ({p.dtype})")
+        self.roles = _check_roles(named, roles, cfg.update.rule)
         super().__init__([p for _, p in named], {"lr": cfg.schedule.lr})
         self.cfg = cfg
         self.exchange = exchange
@@ -254,8 +264,8 @@ class DistroOptimizer(torch.optim.Optimizer):
     def _rule_for(self, plan: TensorPlan) -> UpdateRule:
         up = self.cfg.update
         if up.rule is UpdateRule.ORTHO:
-            hidden = len(plan.layout.shape) == 2 and not any(s in plan.name for s in ORTHO_SKIP)
-            return UpdateRule.ORTHO if hidden else up.fallback
+            assert self.roles is not None  # checked in __init__
+            return UpdateRule.ORTHO if self.roles[plan.tensor_id] is Role.HIDDEN else up.fallback
         return up.rule
 
     def _direction(self, plan: TensorPlan, p: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
@@ -453,3 +463,27 @@ class DistroOptimizer(torch.optim.Optimizer):
             else:
                 guess = last[i]
             p.add_(guess, alpha=alpha)
+
+
+def _check_roles(
+    named: list[tuple[str, nn.Parameter]], roles: Mapping[str, Role] | None, rule: UpdateRule
+) -> tuple[Role, ...] | None:
+    """``roles`` in parameter order, checked against the parameters (``DistroOptimizer``'s doc)."""
+    if roles is None:
+        if rule is UpdateRule.ORTHO:
+            raise ConfigError(
+                "the ORTHO update treats tensors by role: pass roles=tensor_roles(model) "
+                "(distronet.node.optim.roles)"
+            )
+        return None
+    names = [n for n, _ in named]
+    if set(roles) != set(names):
+        missing, extra = sorted(set(names) - set(roles)), sorted(set(roles) - set(names))
+        raise ConfigError(f"roles do not match the parameters: missing {missing}, unknown {extra}")
+    out = []
+    for name, p in named:
+        role = Role(roles[name])
+        if (role is Role.VECTOR) != (p.dim() != 2):
+            raise ConfigError(f"parameter {name} of shape {tuple(p.shape)} cannot have role {role.value}")
+        out.append(role)
+    return tuple(out)

@@ -23,6 +23,7 @@ from distronet.node.daemon.checkpoint import Checkpoint, CheckpointError, load_c
 from distronet.node.exchange.memory import MemoryHub
 from distronet.node.optim.config import UpdateRule, preset
 from distronet.node.optim.distro import DistroOptimizer
+from distronet.node.optim.roles import tensor_roles
 from distronet.node.optim.verify import Guard, Held
 from distronet.protocol.identity import Identity
 
@@ -50,7 +51,7 @@ class _Swarm:
         ids = [_ident(i) for i in range(5)]
         self.models = [_model() for _ in range(4)] + [_model(seed=7)]
         self.opts = [
-            DistroOptimizer(m.named_parameters(), self.cfg, hub.join(i.peer_id), i)
+            DistroOptimizer(m.named_parameters(), self.cfg, hub.join(i.peer_id), i, roles=tensor_roles(m))
             for m, i in zip(self.models, ids, strict=True)
         ]
         self.hostile = ids[HOSTILE].peer_id
@@ -119,7 +120,9 @@ def test_equal_histories_give_byte_equal_blobs(donor: _Swarm) -> None:
     assert len(blobs) == 1
     assert b'"guard":' in blobs.pop()
     other = _model(seed=7)
-    fresh = DistroOptimizer(other.named_parameters(), donor.cfg, MemoryHub().join(b"x"), _ident(9))
+    fresh = DistroOptimizer(
+        other.named_parameters(), donor.cfg, MemoryHub().join(b"x"), _ident(9), roles=tensor_roles(other)
+    )
     load_state_blob(donor.blob(0), other, fresh)
     assert state_blob(ADOPT_AT, other, fresh) == donor.blob(0)  # the adopter serves the same root
     fresh.guard.flag_rounds[donor.hostile] += 1
@@ -240,7 +243,9 @@ def test_a_blob_without_a_sound_history_is_refused_whole(donor: _Swarm, case: st
     }[case]
     why = {"older format": "DNS0", "no guard": "no guard", "lying guard": "keys"}[case]
     model = _model(seed=7)
-    opt = DistroOptimizer(model.named_parameters(), donor.cfg, MemoryHub().join(b"x"), _ident(9))
+    opt = DistroOptimizer(
+        model.named_parameters(), donor.cfg, MemoryHub().join(b"x"), _ident(9), roles=tensor_roles(model)
+    )
     before = [p.detach().clone() for p in model.parameters()]
     with pytest.raises(StateRefused, match=why):
         load_state_blob(bad, model, opt)

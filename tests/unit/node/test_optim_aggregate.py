@@ -15,6 +15,7 @@ from distronet.node.models.gpt import GPT, GPTConfig
 from distronet.node.optim import aggregate, distro, packets
 from distronet.node.optim.config import preset
 from distronet.node.optim.distro import DistroOptimizer
+from distronet.node.optim.roles import tensor_roles
 from distronet.protocol.identity import Identity
 
 CPU = torch.device("cpu")
@@ -109,7 +110,11 @@ def _train(name: str, monkeypatch: pytest.MonkeyPatch, old: bool) -> list[bytes]
     for i in range(3):
         ident = Identity.from_seed(bytes([i + 1]) * 32)
         model = GPT(GPTConfig(depth=1), seed=0)
-        opts.append(DistroOptimizer(model.named_parameters(), cfg, hub.join(ident.peer_id), ident))
+        opts.append(
+            DistroOptimizer(
+                model.named_parameters(), cfg, hub.join(ident.peer_id), ident, roles=tensor_roles(model)
+            )
+        )
         models.append(model)
     with monkeypatch.context() as m:
         if old:

@@ -16,6 +16,7 @@ from distronet.node.exchange.base import Exchange, ExchangeStats, Round
 from distronet.node.exchange.memory import MemoryHub
 from distronet.node.optim.config import DistroConfig, UpdateRule, preset
 from distronet.node.optim.distro import DistroOptimizer
+from distronet.node.optim.roles import tensor_roles
 from distronet.node.optim.update import apply_rule
 from distronet.protocol.errors import ConfigError
 from distronet.protocol.identity import Identity
@@ -63,7 +64,7 @@ def test_error_feedback_is_exact(name: str) -> None:
     ident = _ident(0)
     ex = _Recorder(MemoryHub().join(ident.peer_id))
     cfg = preset(name, lr=0.01)
-    opt = DistroOptimizer(model.named_parameters(), cfg, ex, ident)
+    opt = DistroOptimizer(model.named_parameters(), cfg, ex, ident, roles=tensor_roles(model))
     params = list(model.parameters())
     for step in range(3):
         prev = [opt.state[p]["momentum"].clone() for p in params]
@@ -92,7 +93,7 @@ def test_lost_own_packet_returns_to_momentum() -> None:
     ident = _ident(1)
     ex = _Recorder(MemoryHub().join(ident.peer_id), hide_own=True)
     cfg = preset("psyche", lr=0.01)
-    opt = DistroOptimizer(model.named_parameters(), cfg, ex, ident)
+    opt = DistroOptimizer(model.named_parameters(), cfg, ex, ident, roles=tensor_roles(model))
     before = [p.detach().clone() for p in model.parameters()]
     for p in model.parameters():
         p.grad = torch.randn_like(p)
@@ -131,7 +132,11 @@ def test_reduces_loss_on_small_problem(name: str) -> None:
             (
                 model,
                 DistroOptimizer(
-                    model.named_parameters(), preset(name, lr=3e-3), hub.join(ident.peer_id), ident
+                    model.named_parameters(),
+                    preset(name, lr=3e-3),
+                    hub.join(ident.peer_id),
+                    ident,
+                    roles=tensor_roles(model),
                 ),
             )
         )
@@ -178,7 +183,7 @@ def test_overlap_newcomer_adopting_a_state_applies_the_round_in_flight() -> None
     ids = [_ident(i) for i in range(3)]
     models = [_model(), _model(), _model(seed=7)]  # the newcomer starts from other weights
     opts = [
-        DistroOptimizer(m.named_parameters(), cfg, hub.join(i.peer_id), i)
+        DistroOptimizer(m.named_parameters(), cfg, hub.join(i.peer_id), i, roles=tensor_roles(m))
         for m, i in zip(models, ids, strict=True)
     ]
     gen = torch.Generator().manual_seed(3)

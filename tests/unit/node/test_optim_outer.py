@@ -12,6 +12,7 @@ from distronet.node.catchup.state import load_state_blob, state_blob
 from distronet.node.exchange.memory import MemoryHub
 from distronet.node.optim.config import preset
 from distronet.node.optim.distro import DistroOptimizer
+from distronet.node.optim.roles import tensor_roles
 from distronet.protocol.errors import ConfigError
 from distronet.protocol.identity import Identity
 
@@ -42,7 +43,7 @@ def test_outer_buffer_is_replicated_and_travels_to_a_newcomer(overlap: bool, nes
     ids = [_ident(i) for i in range(3)]
     models = [_model(), _model(), _model(seed=7)]
     opts = [
-        DistroOptimizer(m.named_parameters(), cfg, hub.join(i.peer_id), i)
+        DistroOptimizer(m.named_parameters(), cfg, hub.join(i.peer_id), i, roles=tensor_roles(m))
         for m, i in zip(models, ids, strict=True)
     ]
     gen = torch.Generator().manual_seed(3)
@@ -81,6 +82,7 @@ def test_outer_momentum_changes_the_update() -> None:
             preset("ours_k4_1bit", lr=0.01, outer_momentum=mu),
             MemoryHub().join(ident.peer_id),
             ident,
+            roles=tensor_roles(model),
         )
         gen = torch.Generator().manual_seed(5)
         for _ in range(2):

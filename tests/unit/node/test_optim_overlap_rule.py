@@ -18,6 +18,7 @@ from torch import nn
 from distronet.node.exchange.memory import MemoryHub
 from distronet.node.optim.config import DistroConfig, build, lr_at, preset
 from distronet.node.optim.distro import DistroOptimizer
+from distronet.node.optim.roles import tensor_roles
 from distronet.protocol.errors import ConfigError
 from distronet.protocol.identity import Identity
 
@@ -45,7 +46,9 @@ def _grad_at(model: nn.Module, params: list[torch.Tensor], step: int) -> list[to
 
 
 def _opt(model: nn.Module, cfg: DistroConfig) -> DistroOptimizer:
-    return DistroOptimizer(model.named_parameters(), cfg, MemoryHub().join(_ID.peer_id), _ID)
+    return DistroOptimizer(
+        model.named_parameters(), cfg, MemoryHub().join(_ID.peer_id), _ID, roles=tensor_roles(model)
+    )
 
 
 def _cfg(**kw: object) -> DistroConfig:
@@ -116,7 +119,7 @@ def test_newcomer_adopting_around_overlap_start_matches_the_donor(predict: str, 
         for p in models[2].parameters():
             p.mul_(0.5)  # the newcomer starts from other weights
     opts = [
-        DistroOptimizer(m.named_parameters(), cfg, hub.join(i.peer_id), i)
+        DistroOptimizer(m.named_parameters(), cfg, hub.join(i.peer_id), i, roles=tensor_roles(m))
         for m, i in zip(models, ids, strict=True)
     ]
 

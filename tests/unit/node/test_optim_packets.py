@@ -9,6 +9,7 @@ from distronet.node.exchange.memory import MemoryHub
 from distronet.node.models.gpt import GPT, GPTConfig
 from distronet.node.optim.config import PACKET_BYTES_DEFAULT_GPT, preset
 from distronet.node.optim.distro import DistroOptimizer
+from distronet.node.optim.roles import tensor_roles
 from distronet.protocol.identity import Identity
 
 
@@ -20,7 +21,7 @@ def test_documented_packet_size(name: str) -> None:
     for p in model.parameters():
         p.grad = torch.randn_like(p)
     ex = MemoryHub().join(ident.peer_id)
-    DistroOptimizer(model.named_parameters(), preset(name), ex, ident).begin_step()
+    DistroOptimizer(model.named_parameters(), preset(name), ex, ident, roles=tensor_roles(model)).begin_step()
     got, want = ex.stats.bytes_up, PACKET_BYTES_DEFAULT_GPT[name]
     assert abs(got - want) <= 0.1 * want, (name, got, want)
     ring = 2 * 3 / 4 * 4 * model.num_parameters()  # fp32 ring all-reduce, 4 peers

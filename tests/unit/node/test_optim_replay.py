@@ -15,6 +15,7 @@ from distronet.node.exchange.base import Round
 from distronet.node.exchange.memory import MemoryExchange, MemoryHub
 from distronet.node.optim.config import preset
 from distronet.node.optim.distro import DistroOptimizer
+from distronet.node.optim.roles import tensor_roles
 from distronet.protocol.errors import ConfigError
 from distronet.protocol.identity import Identity
 
@@ -61,8 +62,14 @@ def test_replayed_rounds_equal_the_trained_consensus_and_the_replica_trains_on_i
     models = [tiny_model(), tiny_model()]
     a_ex = _Recording(hub, _IDS[0].peer_id)
     opts = [
-        DistroOptimizer(models[0].named_parameters(), cfg, a_ex, _IDS[0]),
-        DistroOptimizer(models[1].named_parameters(), cfg, hub.join(_IDS[1].peer_id), _IDS[1]),
+        DistroOptimizer(models[0].named_parameters(), cfg, a_ex, _IDS[0], roles=tensor_roles(models[0])),
+        DistroOptimizer(
+            models[1].named_parameters(),
+            cfg,
+            hub.join(_IDS[1].peer_id),
+            _IDS[1],
+            roles=tensor_roles(models[1]),
+        ),
     ]
     seen: dict[int, list[torch.Tensor]] = {}  # A's next step -> its consensus then
     for t in range(8):
@@ -70,7 +77,13 @@ def test_replayed_rounds_equal_the_trained_consensus_and_the_replica_trains_on_i
         seen[opts[0].step_index] = _digest(opts[0])
 
     late_model = tiny_model()  # the run's seeded weights: step 0 of the swarm
-    late = DistroOptimizer(late_model.named_parameters(), cfg, MemoryHub().join(_IDS[2].peer_id), _IDS[2])
+    late = DistroOptimizer(
+        late_model.named_parameters(),
+        cfg,
+        MemoryHub().join(_IDS[2].peer_id),
+        _IDS[2],
+        roles=tensor_roles(late_model),
+    )
     assert late.rounds_due() == 0
     with pytest.raises(ConfigError, match="round 0 is due"):
         late.apply_replayed(a_ex.rounds[1])

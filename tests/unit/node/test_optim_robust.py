@@ -98,6 +98,7 @@ def test_max_float_packet_overflows_the_old_path_but_never_the_guarded_one() -> 
 def test_optimizer_weights_stay_finite_under_a_max_float_packet() -> None:
     from distronet.node.exchange.base import Round
     from distronet.node.optim.distro import DistroOptimizer
+    from distronet.node.optim.roles import Role
 
     for combine in ("none", "clip"):
         cfg = preset("ours_k32", robust=combine)
@@ -115,7 +116,8 @@ def test_optimizer_weights_stay_finite_under_a_max_float_packet() -> None:
         class _Ex:
             peer_id = IDENTS[5].peer_id
 
-        opt = DistroOptimizer(named, cfg, _Ex(), IDENTS[5])  # type: ignore[arg-type]
+        roles = {"h.w": Role.HIDDEN, "h.b": Role.VECTOR, "head.w": Role.HEAD}
+        opt = DistroOptimizer(named, cfg, _Ex(), IDENTS[5], roles=roles)  # type: ignore[arg-type]
         opt._apply(Round(3, dec_frames), lookahead=False)
         assert all(bool(torch.isfinite(p).all()) for p in params), combine
         rep = opt.reports[-1]

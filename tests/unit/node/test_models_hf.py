@@ -206,3 +206,36 @@ def test_two_replicas_train_a_llama_and_stay_bit_identical(rule: str) -> None:
     assert res.mean_loss(9) < res.mean_loss(0)
     x, y = batches(0, 0)
     assert torch.equal(model_loss(res.models[0], x, y), model_loss(res.models[1], x, y))
+
+
+@pytest.mark.asyncio
+async def test_build_training_builds_an_hf_run_and_resumes_its_checkpoint(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from distronet.node.backends import TorchBackend
+    from distronet.node.config import NodeConfig
+    from distronet.node.daemon.training import build_training, save
+    from distronet.node.exchange.swarm import AsyncSwarmExchange, ExchangeConfig
+    from distronet.node.swarm.budget import Bandwidth
+    from distronet.protocol.identity import Identity
+
+    cfg = NodeConfig(run_id="r", coordinator="http://127.0.0.1:1", data_dir=str(tmp_path))
+    identity = Identity.generate()
+    swarm = SimpleNamespace(bandwidth=Bandwidth.from_rates("unlimited", "unlimited"), puller=None,
+                            identity=identity, run_id="r")  # fmt: skip
+    core = AsyncSwarmExchange(swarm, ExchangeConfig(), None)  # type: ignore[arg-type]
+    spec, backend = _spec("llama", seed=5), TorchBackend(CPU)
+    dcfg = preset("ours_k4_1bit", update="ortho")
+    training = build_training(cfg, spec, dcfg, backend, core, identity)
+    model = training.trainer.model
+    assert type(model).__name__ == "LlamaForCausalLM"
+    assert param_digest(model) == param_digest(build_model(spec, CPU))
+    x, y = (torch.from_numpy(a) for a in _bytes_batch(0))
+    loss = backend.loss(model, x, y)
+    loss.backward()
+    assert math.isfinite(float(loss.detach())) and all(p.grad is not None for p in model.parameters())
+    with torch.no_grad():
+        model.get_input_embeddings().weight.add_(1.0)  # a state unlike a fresh build's
+    save(training, "r")
+    again = build_training(cfg, spec, dcfg, backend, core, identity)
+    assert param_digest(again.trainer.model) == param_digest(model) != param_digest(build_model(spec, CPU))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, fields
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import tomllib
@@ -15,6 +15,8 @@ from distronet.coordinator.errors import RunConfigError
 from distronet.protocol.coordinator_api import CREATE_RUN, ApiError
 
 __all__ = ["CoordinatorConfig", "load_run_file"]
+
+HF_CONFIG_MAX_BYTES = 256 * 1024  # a model's config.json is a few KB
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,10 @@ def load_run_file(path: str | Path) -> tuple[dict[str, Any], str | None]:
 
     The file holds the CreateRun fields; ``data.manifest`` may be a path to the manifest JSON
     written by `distro-node data prepare` (relative to the TOML file), whose folder then serves
-    the shards named by ``path``. Raises RunConfigError naming the bad field.
+    the shards named by ``path``. ``model.hf`` may be the path of a Hugging Face ``config.json``
+    (relative to the TOML file, without ``..``, inside its folder): it is read and inlined as
+    the table, so nodes receive the config itself (they check its contents:
+    ``distronet.node.models.spec.check_hf_config``). Raises RunConfigError naming the bad field.
     """
     p = Path(path)
     try:
@@ -94,7 +99,32 @@ def load_run_file(path: str | Path) -> tuple[dict[str, Any], str | None]:
         except (OSError, ValueError) as e:
             raise RunConfigError(f"{str(p)!r}: cannot read manifest {str(mpath)!r}: {e}") from e
         shard_root = str(mpath.parent)
+    model = raw.get("model")
+    if isinstance(model, dict) and isinstance(model.get("hf"), str):
+        model["hf"] = _read_hf_config(p, model["hf"])
     try:
         return CREATE_RUN.validate(raw, "run"), shard_root
     except ApiError as e:
         raise RunConfigError(f"{str(p)!r}: {e.message}") from None
+
+
+def _read_hf_config(run_file: Path, rel: str) -> dict[str, Any]:
+    """The JSON object of ``rel`` beside ``run_file`` (no absolute path, no ``..``, no way out of
+    its folder through a symlink, at most ``HF_CONFIG_MAX_BYTES``). Raises RunConfigError."""
+    pure = PurePosixPath(rel)
+    if not rel or pure.is_absolute() or ".." in pure.parts or "\\" in rel or ":" in rel:
+        raise RunConfigError(f"{str(run_file)!r}: model.hf path {rel!r} must be relative to the run file, "
+                             "'/'-separated, without '..'")  # fmt: skip
+    root = run_file.parent.resolve()
+    path = (root / rel).resolve()
+    if not path.is_relative_to(root):
+        raise RunConfigError(f"{str(run_file)!r}: model.hf path {rel!r} leads outside the run file's folder")
+    try:
+        if path.stat().st_size > HF_CONFIG_MAX_BYTES:
+            raise RunConfigError(f"{str(run_file)!r}: model.hf {rel!r} is over {HF_CONFIG_MAX_BYTES} bytes")
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise RunConfigError(f"{str(run_file)!r}: cannot read model.hf {rel!r}: {e}") from e
+    if not isinstance(doc, dict):
+        raise RunConfigError(f"{str(run_file)!r}: model.hf {rel!r} must hold a JSON object")
+    return doc

@@ -7,6 +7,8 @@ import abc
 import torch
 from torch import Tensor, nn
 
+from distronet.node.models.build import model_loss
+
 __all__ = ["ComputeBackend", "TorchBackend"]
 
 
@@ -34,12 +36,12 @@ class ComputeBackend(abc.ABC):
 
 
 class TorchBackend(ComputeBackend):
-    """torch computes everything on ``device``: the model's own ``loss`` and autograd."""
+    """torch computes everything on ``device``: the model's own ``loss`` (a Hugging Face model's
+    cross-entropy of its logits: ``models.build.model_loss``) and autograd."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.name = device.type
 
     def loss(self, model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
-        out: Tensor = model.loss(x.to(self.device), y.to(self.device))  # type: ignore[operator]
-        return out
+        return model_loss(model, x.to(self.device), y.to(self.device))

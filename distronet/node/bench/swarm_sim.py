@@ -9,7 +9,8 @@ Used by the tests and by ``distro-node bench converge``. The public entry point:
 * ``model_factory()`` builds a fresh model; it must give the same initial weights every call
   (e.g. ``lambda: GPT(GPTConfig(), seed=0)``).
 * ``batches_for(peer, step) -> (x, y)`` gives peer ``peer``'s batch of step ``step``.
-* ``loss_fn(model, x, y) -> Tensor`` (default ``model.loss(x, y)``).
+* ``loss_fn(model, x, y) -> Tensor`` (default ``models.build.model_loss``: ``model.loss(x, y)``,
+  or a Hugging Face causal LM's cross-entropy).
 * ``faults``: ``SwarmFaults(plan=FaultPlan(...), deaths={peer: step})`` — seeded network faults
   through ``FaultyLinks``, and peers that die (leave the run) at a given step.
 * ``on_step(step, result)`` is called after every step (e.g. to evaluate mid-run).
@@ -48,6 +49,7 @@ from distronet.node.data.batch_share import loss_weight, takeover
 from distronet.node.exchange.base import PeerDead
 from distronet.node.exchange.faulty import FaultPlan, FaultyExchange, FaultyLinks
 from distronet.node.exchange.memory import MemoryHub
+from distronet.node.models.build import model_loss
 from distronet.node.optim.config import DistroConfig
 from distronet.node.optim.distro import DistroOptimizer
 from distronet.node.optim.packets import DecodeCache
@@ -92,8 +94,7 @@ class SwarmResult:
 
 
 def _default_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    out: torch.Tensor = model.loss(x, y)  # type: ignore[operator]
-    return out
+    return model_loss(model, x, y)
 
 
 def run_swarm(

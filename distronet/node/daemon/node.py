@@ -65,7 +65,7 @@ from distronet.node.daemon.shards import Shards
 from distronet.node.daemon.status import NodeStatus, StatusFile
 from distronet.node.exchange.swarm import AsyncSwarmExchange, ExchangeConfig
 from distronet.node.exitcodes import ExitCode
-from distronet.node.models.spec import ModelSpec
+from distronet.node.models.spec import HF_EXTRA_HINT, ModelSpec, hf_installed
 from distronet.node.optim.config import DistroConfig
 from distronet.node.swarm.admission import Admission
 from distronet.node.swarm.errors import SwarmError
@@ -194,6 +194,8 @@ class Node:
                 client.get_run(), CALL_S, "coordinator", ExitCode.COORDINATOR_UNREACHABLE
             )
             spec = ModelSpec.from_run(run_info["model"])
+            if spec.arch == "hf" and not hf_installed():  # before joining: we could not train it
+                raise ConfigError(f"arch = 'hf' needs transformers, not installed here: {HF_EXTRA_HINT}")
             dcfg = parts.optimizer_config(self.cfg.run_id, run_info["optimizer"])
             xcfg = parts.exchange_config(run_info["exchange"])
             joined = await client.join(join_token=self.cfg.join_token or None, agent="distro-node")

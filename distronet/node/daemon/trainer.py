@@ -19,7 +19,6 @@ from blake3 import blake3
 from torch import nn
 
 from distronet.node.backends import ComputeBackend, TorchBackend, pick_backend
-from distronet.node.models.gpt import GPT
 from distronet.node.models.spec import ModelSpec
 
 __all__ = [
@@ -98,7 +97,7 @@ class Trainer:
 
     def __init__(
         self,
-        model: GPT,
+        model: nn.Module,
         optimizer: torch.optim.Optimizer,
         batches: BatchSource,
         backend: ComputeBackend | torch.device,

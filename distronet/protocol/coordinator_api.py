@@ -396,9 +396,15 @@ MAX_SHARDS = 1_000_000
 MADDR = Field("multiaddr", "str", pattern=MADDR_RE)
 
 
+_TOKENIZER_FIELDS = ("vocab_size", "eos_id", "tokenizer_file", "tokenizer_sha256")
+
+
 def _manifest_extra(m: dict[str, Any], where: str) -> None:
+    for name in _TOKENIZER_FIELDS:  # absent (a version 1 manifest): left out, as before version 2
+        if m.get(name) is None:
+            m.pop(name, None)
     if m["version"] == 2:  # a tokenizers JSON file (node/data/manifest.py): all four fields
-        for name in ("vocab_size", "eos_id", "tokenizer_file", "tokenizer_sha256"):
+        for name in _TOKENIZER_FIELDS:
             if m.get(name) is None:
                 raise _bad(f"{where}.{name}", "is required in a version 2 manifest")
         if m["eos_id"] >= m["vocab_size"]:

@@ -120,7 +120,10 @@ class ShardSupply:
         lease = leases[0]
         try:
             path = await asyncio.wait_for(fetch_shard(self.base_url, lease, self.folder), DOWNLOAD_S)
-            tokens = await asyncio.to_thread(shard_tokens, path, self.dtype, self.vocab_size)
+            vocab = (
+                () if self.vocab_size is None else (self.vocab_size,)
+            )  # checked against the run's vocabulary
+            tokens = await asyncio.to_thread(shard_tokens, path, self.dtype, *vocab)
         except (ShardIntegrityError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             if strict:
                 raise

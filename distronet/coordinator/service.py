@@ -565,6 +565,11 @@ class Coordinator:
             "data": {
                 "tokenizer": data["manifest"]["tokenizer"],
                 "dtype": data["manifest"]["dtype"],
+                **{  # version 2 manifests (a tokenizers JSON file): what nodes check shards against
+                    k: data["manifest"][k]
+                    for k in ("vocab_size", "eos_id", "tokenizer_sha256")
+                    if data["manifest"].get(k) is not None
+                },
                 "shards": len(run.shards),
                 "epochs": run.epochs,
                 "tokens": run.tokens_total,

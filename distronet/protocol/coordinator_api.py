@@ -396,7 +396,22 @@ MAX_SHARDS = 1_000_000
 MADDR = Field("multiaddr", "str", pattern=MADDR_RE)
 
 
+_TOKENIZER_FIELDS = ("vocab_size", "eos_id", "tokenizer_file", "tokenizer_sha256")
+
+
 def _manifest_extra(m: dict[str, Any], where: str) -> None:
+    for name in _TOKENIZER_FIELDS:  # absent (a version 1 manifest): left out, as before version 2
+        if m.get(name) is None:
+            m.pop(name, None)
+    if m["version"] == 2:  # a tokenizers JSON file (node/data/manifest.py): all four fields
+        for name in _TOKENIZER_FIELDS:
+            if m.get(name) is None:
+                raise _bad(f"{where}.{name}", "is required in a version 2 manifest")
+        if m["eos_id"] >= m["vocab_size"]:
+            raise _bad(f"{where}.eos_id", "must be below vocab_size")
+        cap = {"uint8": 2**8, "uint16": 2**16}.get(m["dtype"], 2**31)
+        if m["vocab_size"] > cap:
+            raise _bad(f"{where}.vocab_size", f"does not fit dtype {m['dtype']}")
     ids: set[str] = set()
     for i, s in enumerate(m["shards"]):
         if (s["path"] is None) == (s["url"] is None):
@@ -424,9 +439,13 @@ SHARD = Schema(
 MANIFEST = Schema(
     "Manifest",
     (
-        Field("version", "int", minimum=1, maximum=1),
+        Field("version", "int", minimum=1, maximum=2),
         Field("tokenizer", "str", max_length=64),
-        Field("dtype", "str", enum=("uint8", "uint16")),
+        Field("dtype", "str", enum=("uint8", "uint16", "uint32")),
+        Field("vocab_size", "int", required=False, minimum=1, maximum=2**31),
+        Field("eos_id", "int", required=False, minimum=0, maximum=2**31 - 1),
+        Field("tokenizer_file", "str", required=False, pattern=SLUG_RE),
+        Field("tokenizer_sha256", "str", required=False, pattern=HEX64_RE),
         Field("shards", "list", max_length=MAX_SHARDS, items=SHARD),
     ),
     extra=_manifest_extra,

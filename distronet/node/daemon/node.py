@@ -293,8 +293,9 @@ class Node:
             count_drift=lambda result: metrics.drift.labels(result).inc(), stop=self.stop_requested,
             quorum=cfg.train.state_quorum, admitted=self.admission.admits,
         )  # fmt: skip
-        dtype = self.run_info["data"]["dtype"]
-        shards = Shards(self.client, cfg.coordinator, cfg.data_path / "shards", dtype, built.feed, status)
+        dtype, vocab = self.run_info["data"]["dtype"], self.run_info["data"].get("vocab_size")
+        folder = cfg.data_path / "shards"
+        shards = Shards(self.client, cfg.coordinator, folder, dtype, built.feed, status, vocab)
         return LoopParts(
             cfg=cfg, identity=identity, client=self.client, swarm=self.swarm, core=self.core,
             trainer=built.trainer, replica=replica, catchup=catchup, shards=shards, status=status,

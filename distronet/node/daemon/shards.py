@@ -36,8 +36,10 @@ class Shards:
         dtype: str,
         feed: ShardFeed,
         status: NodeStatus,
+        vocab_size: int | None = None,
     ) -> None:
         self.client, self.coordinator, self.folder, self.dtype = client, coordinator, folder, dtype
+        self.vocab_size = vocab_size  # the run's vocabulary: a shard with a token id >= it is refused
         self.feed, self.status = feed, status
         self.supply: ShardSupply | None = None  # completes shards, fetches the next one ahead
         self._tokens: Any = None  # the current shard's tokens (numpy, 1-D)
@@ -55,7 +57,12 @@ class Shards:
         """
         if self.supply is None:
             self.supply = ShardSupply(
-                self.client, self.coordinator, self.folder, self.dtype, on_completed=self._credited
+                self.client,
+                self.coordinator,
+                self.folder,
+                self.dtype,
+                vocab_size=self.vocab_size,
+                on_completed=self._credited,
             )
         old = self.feed.lease
         try:

@@ -21,7 +21,14 @@ import numpy as np
 
 from distronet.node.data.errors import CorpusError
 
-__all__ = ["CORPUS_MODULES", "VAL_FRACTION", "BuiltinCorpus", "load_builtin_corpus", "module_source"]
+__all__ = [
+    "CORPUS_MODULES",
+    "VAL_FRACTION",
+    "BuiltinCorpus",
+    "code_documents",
+    "load_builtin_corpus",
+    "module_source",
+]
 
 # Pure-Python, top-level standard-library modules present in CPython 3.10 to 3.13 on every
 # platform, none of them frozen into the interpreter (frozen modules have no source to read).
@@ -105,3 +112,15 @@ def load_builtin_corpus(modules: tuple[str, ...] = CORPUS_MODULES) -> BuiltinCor
     train = np.frombuffer(train_bytes, dtype=np.uint8)
     val = np.frombuffer(val_bytes, dtype=np.uint8)
     return BuiltinCorpus(train=train, val=val, modules=tuple(modules), digest=digest)
+
+
+def code_documents(modules: tuple[str, ...] = CORPUS_MODULES) -> tuple[list[str], list[str]]:
+    """The code corpus as documents for a real tokenizer: each module's training part and its
+    validation part (the same line split as ``load_builtin_corpus``)."""
+    train: list[str] = []
+    val: list[str] = []
+    for name in modules:
+        head, tail = _split_lines(module_source(name).encode("utf-8"), VAL_FRACTION)
+        train.append(head.decode("utf-8"))
+        val.append(tail.decode("utf-8"))
+    return train, val

@@ -1,12 +1,21 @@
 """Token shards and the manifest that lists them — the format the coordinator leases.
 
 A shard is a file of raw tokens with no header: ``uint8`` (one byte per token, the byte-level
-tokenizer) or ``uint16`` little-endian (two bytes per token, tokenizers with up to 65,536
-ids). Its size is exactly ``tokens * itemsize`` bytes. The manifest is JSON::
+tokenizer), ``uint16`` little-endian (two bytes per token, vocabularies of up to 65,536 ids) or
+``uint32`` little-endian (larger vocabularies). Its size is exactly ``tokens * itemsize`` bytes.
+The manifest is JSON. Version 1 is the byte-level tokenizer (vocabulary 256, no EOS)::
 
     {"version": 1, "tokenizer": "byte", "dtype": "uint8",
      "shards": [{"id": "shard-00000", "path": "shard-00000.bin",
                  "sha256": "<64 hex>", "tokens": 1048576, "bytes": 1048576}, ...]}
+
+Version 2 is a Hugging Face ``tokenizers`` JSON file kept beside the manifest (``"tokenizer":
+"hf"``); it adds the vocabulary size (every token id is below it), the EOS id written between
+documents, and the tokenizer file's name and sha256 (what a node checks the run's tokenizer
+against)::
+
+    {"version": 2, "tokenizer": "hf", "dtype": "uint16", "vocab_size": 8192, "eos_id": 0,
+     "tokenizer_file": "tokenizer.json", "tokenizer_sha256": "<64 hex>", "shards": [...]}
 
 A shard has either ``path`` (relative to the manifest's folder, no ``..``) or ``url`` (fetched
 by the node before use). Reading a manifest checks every field against ``MANIFEST_LIMITS``;
@@ -31,18 +40,24 @@ __all__ = [
     "DTYPES",
     "MANIFEST_LIMITS",
     "MANIFEST_VERSION",
+    "MANIFEST_VERSION_TOKENIZER",
+    "MAX_VOCAB",
     "Manifest",
     "ManifestLimits",
     "ShardEntry",
+    "check_tokens",
     "load_shard",
     "read_manifest",
     "sha256_file",
     "write_manifest",
 ]
 
-MANIFEST_VERSION = 1
-DTYPES: dict[str, np.dtype] = {"uint8": np.dtype("<u1"), "uint16": np.dtype("<u2")}
-TOKENIZERS = ("byte",)
+MANIFEST_VERSION = 1  # the byte-level tokenizer (written unchanged for byte runs)
+MANIFEST_VERSION_TOKENIZER = 2  # a tokenizers JSON file: vocab_size, eos_id, its sha256
+DTYPES: dict[str, np.dtype] = {"uint8": np.dtype("<u1"), "uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+TOKENIZERS = ("byte", "hf")
+MAX_VOCAB = 1 << 31  # token ids must fit int32 (the model's embedding index)
+BYTE_VOCAB = 256
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 
@@ -78,12 +93,34 @@ class ShardEntry:
 
 @dataclass(frozen=True)
 class Manifest:
-    """A run's data: tokenizer, token dtype and the list of shards."""
+    """A run's data: tokenizer, token dtype and the list of shards.
+
+    ``vocab_size`` bounds every token id (None: the dtype's range, version 1 manifests);
+    ``eos_id``, ``tokenizer_file`` and ``tokenizer_sha256`` are set for ``tokenizer == "hf"``
+    (version 2) and None for the byte tokenizer.
+    """
 
     tokenizer: str
     dtype: str
     shards: tuple[ShardEntry, ...]
     version: int = MANIFEST_VERSION
+    vocab_size: int | None = None
+    eos_id: int | None = None
+    tokenizer_file: str | None = None
+    tokenizer_sha256: str | None = None
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per token in the shards."""
+        return DTYPES[self.dtype].itemsize
+
+    @property
+    def vocab_bound(self) -> int:
+        """Every token id is below this: ``vocab_size``, or 256 for the byte tokenizer, or the
+        dtype's range."""
+        if self.vocab_size is not None:
+            return self.vocab_size
+        return BYTE_VOCAB if self.tokenizer == "byte" and self.dtype == "uint8" else 1 << (8 * self.itemsize)
 
     @property
     def total_tokens(self) -> int:
@@ -97,32 +134,61 @@ class Manifest:
         raise ManifestError(f"manifest has no shard {shard_id!r}")
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "version": self.version,
-            "tokenizer": self.tokenizer,
-            "dtype": self.dtype,
-            "shards": [s.to_json() for s in self.shards],
-        }
+        doc: dict[str, Any] = {"version": self.version, "tokenizer": self.tokenizer, "dtype": self.dtype}
+        if self.version >= MANIFEST_VERSION_TOKENIZER:
+            doc |= {
+                "vocab_size": self.vocab_size,
+                "eos_id": self.eos_id,
+                "tokenizer_file": self.tokenizer_file,
+                "tokenizer_sha256": self.tokenizer_sha256,
+            }
+        doc["shards"] = [s.to_json() for s in self.shards]
+        return doc
 
     @classmethod
     def from_json(cls, doc: Any, limits: ManifestLimits = MANIFEST_LIMITS) -> Manifest:
         """Validate a parsed JSON document; raises ``ManifestError`` saying which field is wrong."""
         if not isinstance(doc, dict):
             raise ManifestError("manifest must be a JSON object")
-        if doc.get("version") != MANIFEST_VERSION:
-            raise ManifestError(f"unsupported manifest version {doc.get('version')!r} (expected 1)")
+        version = doc.get("version")
+        if version not in (MANIFEST_VERSION, MANIFEST_VERSION_TOKENIZER) or type(version) is not int:
+            raise ManifestError(f"unsupported manifest version {version!r} (expected 1 or 2)")
         tokenizer, dtype, shards = doc.get("tokenizer"), doc.get("dtype"), doc.get("shards")
         if tokenizer not in TOKENIZERS:
             raise ManifestError(f"unknown tokenizer {tokenizer!r} (known: {', '.join(TOKENIZERS)})")
         if dtype not in DTYPES:
             raise ManifestError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
+        extra = _tokenizer_fields(doc, version, tokenizer, dtype)
         if not isinstance(shards, list) or len(shards) > limits.max_shards:
             raise ManifestError(f"'shards' must be a list of at most {limits.max_shards} entries")
         entries = tuple(_entry(raw, DTYPES[dtype].itemsize, limits) for raw in shards)
         ids = [e.id for e in entries]
         if len(set(ids)) != len(ids):
             raise ManifestError("shard ids must be unique")
-        return cls(tokenizer=tokenizer, dtype=dtype, shards=entries)
+        return cls(tokenizer=tokenizer, dtype=dtype, shards=entries, version=version, **extra)
+
+
+def _tokenizer_fields(doc: dict[str, Any], version: int, tokenizer: str, dtype: str) -> dict[str, Any]:
+    """The version-2 fields, checked: a vocabulary the dtype can hold, an EOS id inside it, a
+    tokenizer file name (no folders) and its sha256. Version 1 is the byte tokenizer only."""
+    if version == MANIFEST_VERSION:
+        if tokenizer != "byte":
+            raise ManifestError(f"a version 1 manifest has the byte tokenizer, not {tokenizer!r}")
+        return {}
+    if tokenizer != "hf":
+        raise ManifestError(f"a version 2 manifest has tokenizer 'hf', not {tokenizer!r}")
+    vocab, eos = doc.get("vocab_size"), doc.get("eos_id")
+    fname, sha = doc.get("tokenizer_file"), doc.get("tokenizer_sha256")
+    cap = min(MAX_VOCAB, 1 << (8 * DTYPES[dtype].itemsize))
+    if type(vocab) is not int or not 1 <= vocab <= cap:
+        raise ManifestError(f"vocab_size must be an integer in [1, {cap}] for dtype {dtype}, got {vocab!r}")
+    if type(eos) is not int or not 0 <= eos < vocab:
+        raise ManifestError(f"eos_id must be an integer in [0, vocab_size={vocab}), got {eos!r}")
+    if not isinstance(fname, str) or not _ID_RE.match(fname):
+        raise ManifestError(f"tokenizer_file must be a plain file name beside the manifest, got {fname!r}")
+    if not isinstance(sha, str) or not _SHA_RE.match(sha):
+        raise ManifestError("tokenizer_sha256 must be 64 lower-case hex digits")
+    return {"vocab_size": vocab, "eos_id": eos, "tokenizer_file": fname, "tokenizer_sha256": sha}
 
 
 def _entry(raw: Any, itemsize: int, limits: ManifestLimits) -> ShardEntry:
@@ -191,7 +257,8 @@ def load_shard(manifest: Manifest, entry: ShardEntry, root: str | Path) -> np.nd
 
     ``root`` is the manifest's folder. Raises ``ShardIntegrityError`` naming the shard when the
     file is missing, its size differs from ``entry.bytes`` (checked before reading) or its
-    sha256 differs; ``ManifestError`` for a url-only entry (fetch it first). Costs one read and
+    sha256 differs, or when a token id is not below the manifest's vocabulary
+    (``vocab_bound``); ``ManifestError`` for a url-only entry (fetch it first). Costs one read and
     one hash of the file.
     """
     if entry.path is None:
@@ -208,4 +275,14 @@ def load_shard(manifest: Manifest, entry: ShardEntry, root: str | Path) -> np.nd
     if digest != entry.sha256:
         raise ShardIntegrityError(entry.id, f"sha256 of {file} is {digest}, the manifest says {entry.sha256}")
     tokens = np.frombuffer(data, dtype=DTYPES[manifest.dtype])
+    check_tokens(tokens, manifest.vocab_bound, entry.id)
     return tokens.astype(tokens.dtype.newbyteorder("="), copy=False)
+
+
+def check_tokens(tokens: np.ndarray, vocab: int, shard_id: str) -> None:
+    """Raise ``ShardIntegrityError`` naming the shard when a token id is ``>= vocab``."""
+    if tokens.size and int(tokens.max()) >= vocab:
+        bad = int(np.argmax(tokens >= vocab))
+        raise ShardIntegrityError(
+            shard_id, f"token {int(tokens[bad])} at position {bad} is not below the vocabulary size {vocab}"
+        )

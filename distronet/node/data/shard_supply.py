@@ -61,9 +61,11 @@ class ShardSupply:
         folder: Path,
         dtype: str,
         *,
+        vocab_size: int | None = None,
         on_completed: Callable[[Lease], None] | None = None,
     ) -> None:
         self.client, self.base_url, self.folder, self.dtype = client, base_url, folder, dtype
+        self.vocab_size = vocab_size  # every token id of a shard must be below it (None: unchecked)
         self.on_completed = on_completed
         self.completed: set[int] = set()  # units reported complete (each reported once)
         self._completing: asyncio.Task[None] | None = None
@@ -118,7 +120,10 @@ class ShardSupply:
         lease = leases[0]
         try:
             path = await asyncio.wait_for(fetch_shard(self.base_url, lease, self.folder), DOWNLOAD_S)
-            tokens = await asyncio.to_thread(shard_tokens, path, self.dtype)
+            vocab = (
+                () if self.vocab_size is None else (self.vocab_size,)
+            )  # checked against the run's vocabulary
+            tokens = await asyncio.to_thread(shard_tokens, path, self.dtype, *vocab)
         except (ShardIntegrityError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             if strict:
                 raise

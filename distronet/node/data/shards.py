@@ -15,10 +15,10 @@ import numpy as np
 
 from distronet.node.daemon.coordinator_client import Lease
 from distronet.node.data.errors import ShardIntegrityError
+from distronet.node.data.manifest import DTYPES, check_tokens
 
 __all__ = ["fetch_shard", "shard_tokens"]
 
-DTYPES = {"uint8": np.uint8, "uint16": np.uint16}
 MAX_SHARD_BYTES = 4 * 2**30
 
 
@@ -61,8 +61,22 @@ async def fetch_shard(base_url: str, lease: Lease, folder: Path, *, timeout_s: f
     return path
 
 
-def shard_tokens(path: Path, dtype: str) -> np.ndarray:
-    """The shard's tokens (1-D). Raises ``ShardIntegrityError`` for an unknown dtype."""
+def shard_tokens(path: Path, dtype: str, vocab_size: int | None = None) -> np.ndarray:
+    """The shard's tokens (1-D, native byte order) read as the manifest's little-endian ``dtype``.
+
+    Checked before use: the file is at most ``MAX_SHARD_BYTES`` and a whole number of tokens,
+    and (when ``vocab_size`` is given, or 256 for ``uint8``) every id is below the vocabulary.
+    Raises ``ShardIntegrityError`` naming the file for an unknown dtype and each of these.
+    """
     if dtype not in DTYPES:
         raise ShardIntegrityError(path.name, f"unknown token dtype {dtype!r}")
-    return np.fromfile(path, dtype=DTYPES[dtype])
+    dt = DTYPES[dtype]
+    size = path.stat().st_size
+    if size > MAX_SHARD_BYTES:
+        raise ShardIntegrityError(path.name, f"{size} bytes is over the {MAX_SHARD_BYTES} byte limit")
+    if size % dt.itemsize:
+        raise ShardIntegrityError(path.name, f"{size} bytes is not a whole number of {dtype} tokens")
+    tokens = np.fromfile(path, dtype=dt)
+    if vocab_size is not None:
+        check_tokens(tokens, vocab_size, path.name)
+    return tokens.astype(dt.newbyteorder("="), copy=False)

@@ -194,6 +194,7 @@ class Node:
                 client.get_run(), CALL_S, "coordinator", ExitCode.COORDINATOR_UNREACHABLE
             )
             spec = ModelSpec.from_run(run_info["model"])
+            parts.check_vocab(spec, run_info.get("data", {}))
             if spec.arch == "hf" and not hf_installed():  # before joining: we could not train it
                 raise ConfigError(f"arch = 'hf' needs transformers, not installed here: {HF_EXTRA_HINT}")
             dcfg = parts.optimizer_config(self.cfg.run_id, run_info["optimizer"])

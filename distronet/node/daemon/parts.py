@@ -31,6 +31,7 @@ from distronet.node.daemon.coordinator_client import Lease
 from distronet.node.data.batch_share import draw_windows
 from distronet.node.data.order import BatchOrder
 from distronet.node.exchange.swarm import ExchangeConfig
+from distronet.node.models.spec import ModelSpec
 from distronet.node.optim.config import DistroConfig, preset
 from distronet.node.swarm.admission import Admission
 from distronet.node.swarm.budget import Bandwidth
@@ -44,6 +45,7 @@ from distronet.protocol.identity import Identity, peer_id_from_b58
 __all__ = [
     "ShardFeed",
     "awaiting",
+    "check_vocab",
     "exchange_config",
     "load_identity",
     "no_dynamo_for_optimizers",
@@ -96,6 +98,18 @@ def exchange_config(table: dict[str, Any]) -> ExchangeConfig:
         raise ConfigError(f"run exchange: unknown key(s) {', '.join(bad)}")
     values: dict[str, Any] = {k: float(v) if k.endswith("_s") else int(v) for k, v in t.items()}
     return ExchangeConfig(**values)
+
+
+def check_vocab(spec: ModelSpec, data: dict[str, Any]) -> None:
+    """Refuse a run whose shards hold token ids its model cannot embed: the manifest's
+    ``vocab_size`` (a tokenizer's run; a byte-level run has none and needs 256) against the
+    model's vocabulary. Raises ``ConfigError`` saying which to change."""
+    want = data.get("vocab_size")
+    if isinstance(want, int) and not isinstance(want, bool) and want > spec.vocab:
+        raise ConfigError(
+            f"the run's data has a vocabulary of {want} tokens but its model embeds {spec.vocab}: "
+            "raise the model's vocab (vocab_size) or prepare the data with a smaller tokenizer"
+        )
 
 
 def admission(cfg: NodeConfig, run_info: dict[str, Any]) -> Admission:

@@ -154,3 +154,13 @@ def test_shard_feed_draws_its_batch_then_reads_further() -> None:
     x, y = feed(12)
     x5, y5 = feed.draw(12, 5)
     assert x5.shape == (5, 8) and np.array_equal(x5[:3], x) and np.array_equal(y5[:3], y)
+
+
+def test_a_run_whose_data_outgrows_its_models_vocabulary_is_refused_before_joining() -> None:
+    from distronet.node.daemon.parts import check_vocab
+
+    spec = ModelSpec.from_run({"vocab": 300})
+    check_vocab(spec, {"dtype": "uint8"})  # a byte-level run: no vocab_size
+    check_vocab(spec, {"dtype": "uint16", "vocab_size": 300})
+    with pytest.raises(ConfigError, match="vocabulary of 4096 tokens but its model embeds 300"):
+        check_vocab(spec, {"dtype": "uint16", "vocab_size": 4096})

@@ -26,7 +26,7 @@ else
 	       --index-url https://download.pytorch.org/whl/cpu 2>/dev/null \
 	  || $(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)"
 endif
-	$(BIN)/python -m pip install -q -e ".[dev,postgres,mlx,hf]"
+	$(BIN)/python -m pip install -q -e ".[dev,postgres,mlx,hf,data]"
 	@# compile the payload decoder's numba walk once, so node processes only load it (~1 s)
 	$(BIN)/python -c "from distronet.node.daemon.parts import warm_compiled_decoder; warm_compiled_decoder()"
 	touch $(STAMP)

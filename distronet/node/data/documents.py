@@ -121,8 +121,8 @@ def _parquet(path: Path, fmt: InputFormat) -> Iterator[str]:
     try:
         import pyarrow as pa  # type: ignore[import-untyped]
         import pyarrow.parquet as pq  # type: ignore[import-untyped]
-    except ImportError as exc:  # pragma: no cover - pyarrow is a dependency
-        raise DataError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from exc
+    except ImportError as exc:  # pragma: no cover - pyarrow comes with the data extra
+        raise DataError(f"{path}: reading Parquet needs pyarrow: pip install 'distro-node[data]'") from exc
     col = fmt.parquet_column
     try:
         pf = pq.ParquetFile(path)

@@ -109,8 +109,17 @@ def _finish(tok: Any, data: bytes, where: str, eos_id: int | None, path: Path | 
     return LoadedTokenizer(tok, data, hashlib.sha256(data).hexdigest(), vocab, eos)
 
 
+def _tokenizers() -> Any:
+    """The ``tokenizers`` package (the ``data`` extra), or a DataError saying how to get it."""
+    try:
+        import tokenizers
+    except ImportError as exc:
+        raise DataError("a tokenizer needs the tokenizers package: pip install 'distro-node[data]'") from exc
+    return tokenizers
+
+
 def _parse(data: bytes, where: str) -> Any:
-    from tokenizers import Tokenizer
+    Tokenizer = _tokenizers().Tokenizer
 
     try:
         doc = json.loads(data)
@@ -146,7 +155,14 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> LoadedTokenizer:
     """A byte-level BPE of ``vocab_size`` ids (fewer when the text has fewer merges) trained on
     ``texts``, ``<|endoftext|>`` its id 0 and EOS. The same texts in the same order and the same
     ``vocab_size`` give the same JSON bytes."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tk = _tokenizers()
+    Tokenizer, decoders, models, pre_tokenizers, trainers = (
+        tk.Tokenizer,
+        tk.decoders,
+        tk.models,
+        tk.pre_tokenizers,
+        tk.trainers,
+    )
 
     if not MIN_TRAIN_VOCAB <= vocab_size <= MAX_VOCAB:
         raise DataError(

@@ -20,7 +20,7 @@ __all__ = ["build_parser", "main"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The full `distro-node` parser, every sub-command registered."""
-    from distronet.node import join
+    from distronet.node import export, join
     from distronet.node.bench import cli as bench_cli
     from distronet.node.data import cli as data_cli
 
@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     join.add_parser(sub)
     data_cli.add_parser(sub)
     bench_cli.add_parser(sub)
+    export.add_parser(sub)
     return parser
 
 

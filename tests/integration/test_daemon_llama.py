@@ -12,6 +12,8 @@ Steps:
  4. node 0's checkpoint exported with the tokenizer: ``AutoModelForCausalLM.from_pretrained``
     gives the node's validation loss on the same tokens (a held-out shard) within 1e-4, and
     ``AutoTokenizer.from_pretrained`` round-trips text.
+
+A second test trains the same run with node 1 on ``--device mlx`` (the MLX Llama).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import torch
 
 from distronet.node.cli import main
 from distronet.node.daemon.checkpoint import load_checkpoint
-from distronet.node.demo import LocalSwarm, common_digests
+from distronet.node.demo import LocalSwarm, common_digests, wait_identical
 from distronet.node.models.build import build_model, model_loss
 from distronet.node.models.spec import ModelSpec
 
@@ -68,7 +70,8 @@ def _run_file(tmp: Path) -> Path:
     return run
 
 
-def test_three_nodes_train_a_llama_on_bpe_shards_and_the_export_loads_in_transformers(tmp_path: Path) -> None:
+def _prepared(tmp_path: Path) -> tuple[Path, np.ndarray]:
+    """Step 1 and the run file: the run's path and a held-out shard's tokens."""
     _corpus(tmp_path / "text")
     prep = subprocess.run(
         [sys.executable, "-m", "distronet.node.cli", "data", "prepare", "--train-tokenizer", "400",
@@ -81,7 +84,11 @@ def test_three_nodes_train_a_llama_on_bpe_shards_and_the_export_loads_in_transfo
     shards = manifest["shards"]
     assert len(shards) >= 3, shards
     held_out = np.fromfile(tmp_path / "data" / shards[-1]["path"], dtype="<u2").astype(np.int64)
-    run = _run_file(tmp_path)
+    return _run_file(tmp_path), held_out
+
+
+def test_three_nodes_train_a_llama_on_bpe_shards_and_the_export_loads_in_transformers(tmp_path: Path) -> None:
+    run, held_out = _prepared(tmp_path)
     with LocalSwarm(tmp_path, run, "llama") as swarm:
         swarm.start_coordinator()
         for _ in range(3):
@@ -126,3 +133,23 @@ def test_three_nodes_train_a_llama_on_bpe_shards_and_the_export_loads_in_transfo
     tok = transformers.AutoTokenizer.from_pretrained(str(out))
     text = "The volunteer trains one model over home internet."
     assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+
+
+@pytest.mark.usefixtures("require_mlx")
+def test_an_mlx_node_trains_the_llama_with_two_torch_nodes(tmp_path: Path) -> None:
+    """``--device mlx`` on node 1 (``models/llama_mlx.py``): the three replicas agree on the
+    parameter digest past step ``STEPS`` (awaited: a replica that applied another accepted set
+    under load is repaired by its drift check), and the MLX node's packets were accepted."""
+    run, _ = _prepared(tmp_path)
+    devices = ["cpu", "mlx", "cpu"]
+    with LocalSwarm(tmp_path, run, "llama") as swarm:
+        swarm.start_coordinator()
+        for device in devices:
+            swarm.start_node("--device", device, min_peers=3)
+        step, digests = wait_identical(swarm, [0, 1, 2], after=STEPS, timeout=120.0)
+        statuses = [swarm.status(i) for i in range(3)]
+        codes = [swarm.stop(p, timeout=30.0) for p in swarm.nodes]
+        swarm.stop(swarm.coordinator)
+    assert step > STEPS and len(digests) == 1, (step, digests)
+    assert [s.get("device") for s in statuses] == devices and codes == [0, 0, 0]
+    assert statuses[1]["own_accepted"] >= statuses[1]["rounds"] // 2, statuses[1]

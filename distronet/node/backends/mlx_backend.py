@@ -1,4 +1,5 @@
-"""``MLXBackend``: the built-in GPT's forward and backward pass in MLX, everything else in torch.
+"""``MLXBackend``: the model's forward and backward pass in MLX (the built-in GPT, ``gpt_mlx.py``, or
+an ``arch = "hf"`` Llama, ``llama_mlx.py``), everything else in torch.
 
 Each step the backend copies the torch parameters into an MLX twin of the model
 (``GPTMLX``, same names and shapes), computes loss and gradients there, and hands the gradients
@@ -28,16 +29,18 @@ from torch import Tensor, nn
 from distronet.node.backends.base import ComputeBackend
 from distronet.node.models.gpt import GPT
 from distronet.node.models.gpt_mlx import GPTMLX, flatten
+from distronet.node.models.llama_mlx import LlamaMLX
 from distronet.protocol.errors import ConfigError
 
 __all__ = ["MLXBackend"]
 
 
 class MLXBackend(ComputeBackend):
-    """MLX computes the loss and gradients of a torch ``GPT`` whose parameters stay on the CPU.
+    """MLX computes the loss and gradients of a torch ``GPT`` (or Hugging Face Llama) whose
+    parameters stay on the CPU.
 
     ``steps`` counts the forward/backward passes MLX has run. Raises ``ConfigError`` for a model
-    that is not the built-in GPT or whose parameters are not float32.
+    that is neither the built-in GPT nor a Llama, or whose parameters are not float32.
     """
 
     name = "mlx"
@@ -45,7 +48,7 @@ class MLXBackend(ComputeBackend):
     def __init__(self) -> None:
         self.device = torch.device("cpu")
         self.steps = 0
-        self._twins: weakref.WeakKeyDictionary[nn.Module, GPTMLX] = weakref.WeakKeyDictionary()
+        self._twins: weakref.WeakKeyDictionary[nn.Module, GPTMLX | LlamaMLX] = weakref.WeakKeyDictionary()
         self._local = threading.local()
 
     def describe(self) -> str:
@@ -72,16 +75,20 @@ class MLXBackend(ComputeBackend):
         self.steps += 1
         return value, out
 
-    def _twin(self, model: nn.Module) -> GPTMLX:
+    def _twin(self, model: nn.Module) -> GPTMLX | LlamaMLX:
         twin = self._twins.get(model)
         if twin is None:
-            if not isinstance(model, GPT):
-                raise ConfigError(f"--device mlx trains only the built-in GPT, not {type(model).__name__}")
+            config = getattr(model, "config", None)
+            llama = getattr(config, "model_type", None) == "llama"
+            if not isinstance(model, GPT) and not llama:
+                raise ConfigError(
+                    f"--device mlx trains the built-in GPT and Llamas, not {type(model).__name__}"
+                )
             bad = [n for n, p in model.named_parameters() if p.dtype != torch.float32]
             if bad:
                 raise ConfigError(f"--device mlx needs float32 parameters; not: {', '.join(bad)}")
             with mx.stream(self._stream()):
-                twin = GPTMLX(model.cfg)
+                twin = GPTMLX(model.cfg) if isinstance(model, GPT) else LlamaMLX(config)
             self._twins[model] = twin
         return twin
 

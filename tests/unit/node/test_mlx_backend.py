@@ -120,7 +120,7 @@ def test_mlx_trainer_steps_like_torch_in_worker_threads(mlx_backend: Any) -> Non
 
 
 def test_mlx_refuses_what_it_cannot_run(mlx_backend: Any) -> None:
-    with pytest.raises(ConfigError, match="only the built-in GPT"):
+    with pytest.raises(ConfigError, match="trains the built-in GPT and Llamas, not Linear"):
         mlx_backend.loss(
             nn.Linear(4, 4), torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long)
         )

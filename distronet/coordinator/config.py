@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, fields
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import tomllib
 
 from distronet.coordinator.errors import RunConfigError
 from distronet.protocol.coordinator_api import CREATE_RUN, ApiError
+from distronet.protocol.errors import ConfigError
+from distronet.protocol.run_file import MODEL_CONFIG_MAX_BYTES, read_json_beside
 
 __all__ = ["CoordinatorConfig", "load_run_file"]
 
-HF_CONFIG_MAX_BYTES = 256 * 1024  # a model's config.json is a few KB
+HF_CONFIG_MAX_BYTES = MODEL_CONFIG_MAX_BYTES
 
 
 @dataclass(frozen=True)
@@ -109,22 +111,13 @@ def load_run_file(path: str | Path) -> tuple[dict[str, Any], str | None]:
 
 
 def _read_hf_config(run_file: Path, rel: str) -> dict[str, Any]:
-    """The JSON object of ``rel`` beside ``run_file`` (no absolute path, no ``..``, no way out of
-    its folder through a symlink, at most ``HF_CONFIG_MAX_BYTES``). Raises RunConfigError."""
-    pure = PurePosixPath(rel)
-    if not rel or pure.is_absolute() or ".." in pure.parts or "\\" in rel or ":" in rel:
-        raise RunConfigError(f"{str(run_file)!r}: model.hf path {rel!r} must be relative to the run file, "
-                             "'/'-separated, without '..'")  # fmt: skip
-    root = run_file.parent.resolve()
-    path = (root / rel).resolve()
-    if not path.is_relative_to(root):
-        raise RunConfigError(f"{str(run_file)!r}: model.hf path {rel!r} leads outside the run file's folder")
+    """The JSON object of ``rel`` beside ``run_file`` (``protocol.run_file.read_json_beside``: no
+    absolute path, no ``..``, no way out of its folder through a symlink, at most
+    ``HF_CONFIG_MAX_BYTES``). Raises RunConfigError."""
     try:
-        if path.stat().st_size > HF_CONFIG_MAX_BYTES:
-            raise RunConfigError(f"{str(run_file)!r}: model.hf {rel!r} is over {HF_CONFIG_MAX_BYTES} bytes")
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise RunConfigError(f"{str(run_file)!r}: cannot read model.hf {rel!r}: {e}") from e
+        doc = read_json_beside(run_file.parent, rel, "model.hf", HF_CONFIG_MAX_BYTES)
+    except ConfigError as e:
+        raise RunConfigError(f"{str(run_file)!r}: {e}") from e
     if not isinstance(doc, dict):
         raise RunConfigError(f"{str(run_file)!r}: model.hf {rel!r} must hold a JSON object")
     return doc

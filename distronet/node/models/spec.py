@@ -17,10 +17,11 @@ import importlib.util
 import json
 import math
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from distronet.protocol.errors import ConfigError
+from distronet.protocol.run_file import MODEL_CONFIG_MAX_BYTES, read_json_beside
 
 __all__ = [
     "HF_EXTRA_HINT",
@@ -70,7 +71,7 @@ HF_EXTRA_HINT = "install it with: pip install 'distro-node[hf]'"
 HF_MAX_DEPTH = 3  # the config is depth 1; rope_scaling-like objects 2; their lists 3
 HF_MAX_ITEMS = 512  # keys and list items over the whole config
 HF_MAX_STR = 256
-HF_MAX_FILE_BYTES = 256 * 1024
+HF_MAX_FILE_BYTES = MODEL_CONFIG_MAX_BYTES
 # keys that would run code from elsewhere, quantise, or set the model's shape from outside the run
 HF_REFUSED_KEYS = frozenset({"auto_map", "quantization_config", "trust_remote_code", "_name_or_path"})
 # the position limit each model type reads (seq_len must not exceed it)
@@ -150,26 +151,10 @@ def _plain(v: Any, where: str, depth: int, count: list[int]) -> Any:
 
 
 def read_hf_config_file(rel: str, run_dir: str | Path) -> dict[str, Any]:
-    """The JSON object in ``run_dir/rel``, checked by :func:`check_hf_config`.
-
-    ``rel`` must be relative, ``/``-separated and without ``..``, and resolve (symlinks too) to a
-    file inside ``run_dir`` of at most ``HF_MAX_FILE_BYTES``. Raises ``ConfigError``.
-    """
-    pure = PurePosixPath(rel)
-    if not rel or pure.is_absolute() or ".." in pure.parts or "\\" in rel or ":" in rel:
-        raise ConfigError(f"run model.hf: path {rel!r} must be relative to the run file, '/'-separated, "
-                          "without '..'")  # fmt: skip
-    root = Path(run_dir).resolve()
-    path = (root / rel).resolve()
-    if not path.is_relative_to(root):
-        raise ConfigError(f"run model.hf: path {rel!r} leads outside the run file's folder")
-    try:
-        if path.stat().st_size > HF_MAX_FILE_BYTES:
-            raise ConfigError(f"run model.hf: {rel!r} is larger than {HF_MAX_FILE_BYTES} bytes")
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"run model.hf: cannot read {rel!r}: {e}") from e
-    return check_hf_config(doc)
+    """The JSON object in ``run_dir/rel`` (``protocol.run_file.read_json_beside``: relative, no
+    ``..``, inside ``run_dir``, at most ``HF_MAX_FILE_BYTES``), checked by :func:`check_hf_config`.
+    Raises ``ConfigError``."""
+    return check_hf_config(read_json_beside(run_dir, rel, "run model.hf", HF_MAX_FILE_BYTES))
 
 
 def hf_installed() -> bool:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import ipaddress
 import json
 import random
 import secrets
@@ -19,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from distronet.coordinator.bootstrap import spread
 from distronet.coordinator.events import EventBus
 from distronet.coordinator.groupcommit import GroupCommitter
 from distronet.coordinator.leases import DONE, LEASED, Unit
@@ -37,24 +37,6 @@ from distronet.protocol.credential import credential_ticket, seal_credential
 __all__ = ["Coordinator", "load_signing_key"]
 
 _RNG = random.SystemRandom()
-
-
-def _network_of(multiaddrs: list[str]) -> tuple[str, str]:
-    """``(network, address)`` of a peer's first IP multiaddr: its /16 (IPv4) or /48 (IPv6);
-    a peer with only DNS or other addresses is its own network (its first multiaddr)."""
-    for m in multiaddrs:
-        parts = m.split("/")
-        if len(parts) < 3 or parts[1] not in ("ip4", "ip6"):
-            continue
-        try:
-            ip = ipaddress.ip_address(parts[2])
-        except ValueError:
-            continue
-        bits = 16 if ip.version == 4 else 48
-        net = ipaddress.ip_network(f"{ip}/{bits}", strict=False)
-        return str(net), str(ip)
-    key = multiaddrs[0] if multiaddrs else ""
-    return key, key
 
 
 CHALLENGE_TTL = 120.0
@@ -288,24 +270,7 @@ class Coordinator:
         the rest, each round in random order, so Sybils crowded on one network cannot fill the
         list. Evicted, left and silent peers are never listed."""
         live = [n for n in run.live_nodes(self.clock()) if n.peer != exclude and n.multiaddrs]
-        _RNG.shuffle(live)
-        nets: set[str] = set()
-        ips: set[str] = set()
-        first: list[NodeRecord] = []
-        second: list[NodeRecord] = []
-        rest: list[NodeRecord] = []
-        for n in live:
-            net, ip = _network_of(n.multiaddrs)
-            if net not in nets:
-                nets.add(net)
-                ips.add(ip)
-                first.append(n)
-            elif ip not in ips:
-                ips.add(ip)
-                second.append(n)
-            else:
-                rest.append(n)
-        return [{"peer_id": n.peer, "multiaddrs": n.multiaddrs} for n in (first + second + rest)[:limit]]
+        return [{"peer_id": n.peer, "multiaddrs": n.multiaddrs} for n in spread(live, limit, _RNG)]
 
     def node_for(self, run: RunState, peer: str) -> NodeRecord:
         """The admitted node behind a signed request; accounts its uptime. Raises ApiError(403)."""

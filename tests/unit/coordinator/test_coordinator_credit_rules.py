@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from distronet.coordinator.bootstrap import network_of as _network_of
 from distronet.coordinator.runs import ACTIVE, EVICTED, NodeRecord, RunState
-from distronet.coordinator.service import _network_of
 from distronet.protocol.coordinator_api import CREATE_RUN
 
 

@@ -7,8 +7,9 @@ checkpoint's parameters into it and writes ``OUT`` with transformers' own ``save
 ``config.json``, ``generation_config.json``, ``model.safetensors`` (sharded with an index past
 5 GB). With ``--tokenizer tokenizer.json`` (the file ``data prepare`` wrote beside the shards) the
 tokenizer files too, with the EOS token the data put between documents (``--eos-token``, default
-the tokenizer's ``<|endoftext|>`` or ``</s>``). What it writes loads with
-``AutoModelForCausalLM.from_pretrained(OUT)`` and ``AutoTokenizer.from_pretrained(OUT)``.
+the first of ``data.tokenizer.EOS_NAMES`` the tokenizer has, as ``data prepare`` picks it).
+What it writes loads with ``AutoModelForCausalLM.from_pretrained(OUT)`` and
+``AutoTokenizer.from_pretrained(OUT)``.
 
 Only ``arch = "hf"`` models export; the built-in GPT (``arch = "gpt"``) is refused with a message
 saying so (its layout is not mapped onto GPT-2's yet). Exit codes: 0 written; 2 (usage) for a run
@@ -25,12 +26,11 @@ from typing import Any
 
 import tomllib
 
+from distronet.node.data.tokenizer import EOS_NAMES
 from distronet.node.exitcodes import ExitCode
 from distronet.protocol.errors import ConfigError
 
 __all__ = ["ExportError", "add_parser", "export_checkpoint"]
-
-EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|eos|>")
 
 
 class ExportError(ConfigError):

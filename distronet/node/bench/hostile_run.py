@@ -31,8 +31,10 @@ forfeits all of it, its genuine packets included, so the hostile credit is 0 in 
 row; no honest packet is ever rejected here, a real node must tell a late packet from a replay;
 honest credit is the mean over the seven honest peers) and the share of the swarm's compute
 spent judging rounds. ``copy`` re-signs a different honest peer's packet each step;
-``copy_one_victim`` always peer 0's (the case ``verify.py`` cannot tell apart: the victim
-forfeits the copied rounds). Rows run in up to two processes (``run_all``).
+``copy_one_victim`` always peer 0's (symmetric in the bytes: every replica's ``_BatchAuditor``
+reproduces each member's leased batch, ``optim/provenance.py``, and the audit gives the copied
+rounds to the victim; a copier it convicts forfeits all, as a neutralised one does). Rows run
+in up to two processes (``run_all``).
 """
 
 from __future__ import annotations
@@ -128,6 +130,24 @@ class _Task:
     def val_loss(self, model: nn.Module) -> float:
         with torch.no_grad():
             return float(nn.functional.mse_loss(model(self.val[0]), self.val[1]))
+
+
+class _BatchAuditor:
+    """A replica's ``provenance.Auditor``: peer i's leased batch for a step is ``_Task.batch(i, step)``
+    (the bench's lease schedule), its gradient taken at this replica's model as it stands."""
+
+    def __init__(self, model: nn.Module, task: _Task, peers: list[bytes]) -> None:
+        self.model = model
+        self.task = task
+        self.index = {p: i for i, p in enumerate(peers)}
+
+    def gradients(self, peer: bytes, step: int) -> list[torch.Tensor] | None:
+        i = self.index.get(peer)
+        if i is None:
+            return None
+        x, y = self.task.batch(i, step)
+        params = list(self.model.parameters())
+        return list(torch.autograd.grad(nn.functional.mse_loss(self.model(x), y), params))
 
 
 class _Recording(Exchange):
@@ -242,6 +262,7 @@ def run_attack(
     combine: str = "clip",
     share_rounds: bool = True,
     keep_models: bool = False,
+    audit: bool = True,
 ) -> dict[str, Any]:
     """One row: eight peers, peer 7 hostile under ``attack`` (module docstring). ``share_rounds=False``
     makes every replica combine each round on its own (the strict determinism test);
@@ -265,6 +286,7 @@ def run_attack(
     if attack == "ground_leader_key":
         idents[HOSTILE] = Identity.from_seed(hashlib.sha256(b"hostile/fresh-never-admitted").digest())
     models, opts, exs = [], [], []
+    leases = [i.peer_id for i in idents]
     for ident in idents:
         ex = _Recording(hub.join(ident.peer_id), sent)
         model = _model(s)
@@ -276,6 +298,7 @@ def run_attack(
             decode_cache=cache,
             admitted=admitted,
             roles=tensor_roles(model),
+            auditor=_BatchAuditor(model, task, leases) if audit else None,
         )
         models.append(model)
         opts.append(opt)
@@ -331,7 +354,8 @@ def _row(
         caught = hostile in rep.rejected or hostile in rep.flagged or hostile not in rep.combined
         if detected is None and caught:
             detected = rep.step
-    cheats = set(guard.neutralised) | {p for rep in opts[0].reports for p in rep.rejected}
+    cheats = set(guard.neutralised) | set(guard.provenance.convicted)
+    cheats |= {p for rep in opts[0].reports for p in rep.rejected}
     for p in cheats:  # caught cheating (neutralised, or a packet rejected by rule): all credit is forfeit
         credit[p] = 0
     honest = [credit[i.peer_id] for i in idents[:HOSTILE]]

@@ -62,6 +62,7 @@ from distronet.node.optim.packets import (
     open_round,
     run_digest,
 )
+from distronet.node.optim.provenance import Auditor
 from distronet.node.optim.roles import Role
 from distronet.node.optim.update import ADAM_BETA2, ADAM_EPS, apply_rule
 from distronet.node.optim.verify import Guard, Verdict
@@ -110,6 +111,8 @@ class DistroOptimizer(torch.optim.Optimizer):
     checked all the same.
     ``decode_cache`` lets replicas of one process decode each frame once (``DecodeCache``).
     ``admitted``: the peers whose packets may count (others: UNKNOWN_PEER); None admits any signer.
+    ``auditor`` reproduces peers' leased batches, so copy groups are told apart by data
+    (``provenance.py``: credit only); without one, copied rounds earn nothing.
     ``verify_seconds`` sums the time spent judging rounds (``verify.Guard``) and combining them.
     Raises ``ConfigError`` for an empty or non-float parameter list, and for ``roles`` that do not
     name exactly these parameters or give ``VECTOR`` to a matrix or another role to a non-matrix.
@@ -125,6 +128,7 @@ class DistroOptimizer(torch.optim.Optimizer):
         decode_cache: DecodeCache | None = None,
         admitted: frozenset[bytes] | None = None,
         roles: Mapping[str, Role] | None = None,
+        auditor: Auditor | None = None,
     ) -> None:
         named = list(named_params)
         if not named:
@@ -142,6 +146,7 @@ class DistroOptimizer(torch.optim.Optimizer):
         self.digest = run_digest(self.plans)
         self.admitted = admitted
         self.guard = Guard(cfg.robust, self.plans)
+        self.auditor = auditor
         self.verify_seconds = 0.0
         self._params = [p for _, p in named]
         for plan, p in zip(self.plans, self._params, strict=True):
@@ -359,6 +364,9 @@ class DistroOptimizer(torch.optim.Optimizer):
                 m.scatter_add_(1, s.idx, s.val)
         t0 = time.perf_counter()
         verdict, gidx = self.guard.judge(dec)
+        if self.auditor is not None and verdict.copies:
+            with torch.enable_grad():
+                self.guard.audit(dec, verdict, gidx, self.auditor)
         comb = self._combine(dec, verdict, gidx)
         self.verify_seconds += time.perf_counter() - t0
         lr = pending.lr

@@ -23,11 +23,13 @@ What each check catches, and what it does not:
   W rounds after it (``settle``): a copy-flagged packet gets its credit back when its content
   was summed (it or its twin) and every other member of its group has been neutralised as a
   copier by then. So a copier that rotates over victims is neutralised within W/2 + 1 rounds
-  and its victims keep their credit. What it cannot tell: a copier bound to one victim (the
+  and its victims keep their credit. What the bytes cannot tell: a copier bound to one victim (the
   pair is symmetric in the bytes: two peers with the same packets every round and no other
-  partner); neither is neutralised, both forfeit the copied rounds' credit (neutralising either
-  could evict an honest peer; the credit side's recomputation against leased data can tell
-  them apart). Colluding copiers that share a victim in one round at least once every W
+  partner); neither is neutralised (that could evict an honest peer). With an ``Auditor`` (a
+  replica that can reproduce peers' leased batches) ``audit`` scores each copy group against
+  every member's batch (``provenance.py``): the owner gets the copied rounds' credit, the
+  copier is convicted and earns nothing; without one, both forfeit the copied rounds.
+  Colluding copiers that share a victim in one round at least once every W
   rounds shield each other from neutralisation (they still earn nothing for copies), and so
   does an honest peer copied in more than half the rounds (it shields its copier: no
   eviction is decided against it). Misses a copy perturbed by more than 1 %, or with indices
@@ -43,16 +45,20 @@ What each check catches, and what it does not:
   packet for another step (STALE_STEP), and one not in the run's plan (OFF_PLAN).
 
 Credit (``settle``, ``final_credit``): round t's credited peers (combined, unflagged, plus the
-copy-flagged ones given back as above), less any peer neutralised by round t + W, in peer-id
-order; ``flush`` settles the rounds still pending (end of a run). All of it is computed from
-the rounds' packets only, so every replica settles the same credit.
+copy-flagged ones given back as above or owned by the audit), less any peer neutralised by round
+t + W or convicted by the audit, in peer-id order (a round whose copy group is still under audit
+waits for its end, ``Audit.max_rounds`` rounds at most); ``flush`` settles the rounds still
+pending (end of a run). Without an audit all of it is computed from the rounds' packets only, so
+every replica settles the same credit; the audit's answers are floats of this replica's own
+gradients, so credit may differ between replicas there (it is a log, never state).
 
 Rounds of fewer than ``min_peers`` packets get only the finiteness rule: a median of two is no
 statistic. The history (``flag_rounds``, ``cos_history``, ``neutralised``, ``copiers``,
 ``copy_window``, ``held``) is replicated state of the optimizer: it travels with the swarm's state
 (``catchup/guard_state.py``, in the state blob and the local checkpoint), so a replica that adopts
 the state mid-run judges the next rounds as the donors do. ``final_credit`` is this replica's log
-of settled credit, not state (nothing later is computed from it).
+of settled credit, not state (nothing later is computed from it), and so are the audit's
+evidence (``provenance``) and the rounds ``awaiting`` its end.
 Cost per round: one float64 pass over the values (norms), one hash per packet, one bincount,
 and a pass over the copy groups of the last W rounds.
 """
@@ -70,6 +76,7 @@ from distronet.kernels.coding import FlatPayload
 from distronet.node.optim import robust
 from distronet.node.optim.config import Robust
 from distronet.node.optim.packets import DecodedRound, TensorPlan
+from distronet.node.optim.provenance import Auditor, Provenance
 
 __all__ = ["Guard", "Held", "Verdict"]
 
@@ -135,10 +142,12 @@ class Guard:
             maxlen=cfg.credit_delay
         )
         self.held: collections.deque[Held] = collections.deque()
+        self.awaiting: collections.deque[Held] = collections.deque()  # settled, audit open (local)
         self.final_credit: collections.deque[tuple[int, tuple[bytes, ...]]] = collections.deque(
             maxlen=FINAL_KEPT
         )
         self._patterns: dict[tuple[bytes, bytes], np.ndarray] = {}
+        self.provenance = Provenance(plans, self.bases, self.total)  # local, not replicated
 
     def positions(self, flat: FlatPayload) -> np.ndarray:
         """``robust.global_index(flat)``, with the part that depends only on the payload's structure
@@ -286,25 +295,50 @@ class Guard:
                 self.neutralised[peer] = step
                 self.copiers[peer] = step
 
+    def audit(self, dec: DecodedRound, verdict: Verdict, gidx: list[np.ndarray], auditor: Auditor) -> None:
+        """Score this round's copy groups against their members' leased data
+        (``provenance.py``): credit only, never the sum."""
+        groups = [g for g in verdict.copies if not g & self.copiers.keys() and self.provenance.open(g)]
+        reps = [next(i for i in verdict.keep if dec.peers[i] in g) for g in groups]
+        content = [(gidx[i], dec.flats[i].val.astype(np.float64)) for i in reps]
+        self.provenance.observe(dec, groups, content, auditor)
+
     def settle(
         self, verdict: Verdict, step: int, credited: Sequence[bytes], combined: Sequence[bytes]
     ) -> None:
         """Hold round ``step``'s credit (``credited``: combined and unflagged; ``combined``: what
-        was summed) and settle every held round ``credit_delay`` or more rounds older."""
+        was summed) and settle every held round ``credit_delay`` or more rounds older. A settled
+        round whose copy groups are still being audited waits (``awaiting``, local) until the
+        audit ends, at most ``Audit.max_rounds`` rounds more; later rounds queue behind it."""
         self.held.append(Held(step, tuple(credited), frozenset(combined), verdict.copies))
         while self.held and self.held[0].step <= step - self.cfg.credit_delay:
-            self._final(self.held.popleft())
+            self.awaiting.append(self.held.popleft())
+        oldest = step - self.cfg.credit_delay - self.provenance.cfg.max_rounds
+        while self.awaiting and (self.awaiting[0].step <= oldest or not self._audited(self.awaiting[0])):
+            self._final(self.awaiting.popleft())
+
+    def _audited(self, h: Held) -> bool:
+        """Whether a copy group of round ``h`` whose content was summed is still under audit."""
+        return any(
+            g & h.combined and not g & self.copiers.keys() and self.provenance.pending(g) for g in h.copies
+        )
 
     def flush(self) -> None:
         """Settle every held round with what is known now (the end of a run)."""
+        while self.awaiting:
+            self._final(self.awaiting.popleft())
         while self.held:
             self._final(self.held.popleft())
 
     def _final(self, h: Held) -> None:
         """Round ``h``'s final credit: its credited peers plus copy-group members whose group's
-        content was summed and whose every partner is a copier, less the neutralised peers."""
+        content was summed and whose every partner is a copier, or who own the group by the data
+        audit (``provenance.py``), less the neutralised peers and the copiers the audit convicted."""
         earned = set(h.credited)
         for g in h.copies:
             if g & h.combined:
                 earned |= {p for p in g if all(q in self.copiers for q in g - {p})}
-        self.final_credit.append((h.step, tuple(sorted(p for p in earned if p not in self.neutralised))))
+                owner = self.provenance.owner(g)
+                earned |= {owner} if owner is not None else set()
+        out = self.neutralised.keys() | self.provenance.convicted.keys()
+        self.final_credit.append((h.step, tuple(sorted(p for p in earned if p not in out))))

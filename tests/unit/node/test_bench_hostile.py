@@ -20,7 +20,15 @@ KEYS = {
 
 
 def test_quick_rows_have_the_keys_and_meet_the_bounds() -> None:
-    attacks = ("none", "max_float", "off_plan", "ground_leader_key", "copy", "stale_replay")
+    attacks = (
+        "none",
+        "max_float",
+        "off_plan",
+        "ground_leader_key",
+        "copy",
+        "stale_replay",
+        "copy_one_victim",
+    )
     rows = run_all(QUICK, attacks=attacks)
     assert [r["attack"] for r in rows] == list(attacks)
     assert "plain_mean_val_loss" in rows[0]
@@ -34,5 +42,6 @@ def test_quick_rows_have_the_keys_and_meet_the_bounds() -> None:
             assert r["detected_at_step"] is not None and r["detected_at_step"] <= 50
     assert rows[2]["rejected_as"] == ["OFF_PLAN"] and rows[3]["rejected_as"] == ["UNKNOWN_PEER"]
     assert rows[4]["neutralised_at_step"] is not None  # the rotating copier; its victims keep credit
+    assert rows[6]["neutralised_at_step"] is None  # a bound copier: found by the data audit, credit only
     assert rows[5]["rejected_as"] == ["STALE_STEP"]  # its genuine step-0 packet earns nothing either
     assert abs(rows[0]["plain_mean_val_loss"] - rows[0]["val_loss"]) <= 0.005 * rows[0]["plain_mean_val_loss"]

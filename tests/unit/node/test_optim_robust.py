@@ -166,15 +166,54 @@ def test_replicas_stay_bit_identical_under_attack_without_shared_rounds() -> Non
             assert torch.equal(a, b.detach())
 
 
-def _copy_rounds(victim_of: object, steps: int) -> Guard:  # type: ignore[no-untyped-def]
+def _momenta(i: int, step: int) -> list[torch.Tensor]:
+    """Peer ``i``'s momentum at ``step`` (what ``_honest`` codes): a shared part plus its own."""
+    g = torch.Generator().manual_seed(100 + i)
+    shared = torch.Generator().manual_seed(7)
+    return [
+        torch.randn(p.layout.n_chunks, p.layout.chunk_numel, generator=shared)
+        + 0.5 * torch.randn(p.layout.n_chunks, p.layout.chunk_numel, generator=g)
+        for p in PLANS
+    ]
+
+
+class _Auditor:
+    """Peer i's leased-batch gradient: its own momentum back in parameter space, plus noise that
+    changes every call (a batch is not its momentum). ``know``: the peers it can reproduce."""
+
+    def __init__(self, know: set[int] | None = None, swap: bool = False) -> None:
+        self.know, self.swap = know, swap
+        self.index = {ident.peer_id: i for i, ident in enumerate(IDENTS)}
+        self.noise = torch.Generator().manual_seed(99)
+        self.calls = 0
+
+    def gradients(self, peer: bytes, step: int) -> list[torch.Tensor] | None:
+        from distronet.kernels.dct import idct_chunks
+
+        self.calls += 1
+        i = self.index[peer]
+        if self.know is not None and i not in self.know:
+            return None
+        if self.swap and i in (0, 5):  # the copier trained on its victim's batch
+            i = 5 - i
+        out = []
+        for plan, m in zip(PLANS, _momenta(i, step), strict=True):
+            noisy = m + 2.0 * torch.randn(m.shape, generator=self.noise)
+            out.append(idct_chunks(noisy, plan.layout).reshape(plan.layout.shape))
+        return out
+
+
+def _copy_rounds(victim_of: object, steps: int, auditor: _Auditor | None = None) -> Guard:  # type: ignore[no-untyped-def]
     """Peers 0-4 honest, peer 5 re-signs ``victim_of(step)``'s packet each round; the guard judges
-    and settles every round as the optimizer does."""
+    (audits, with ``auditor``) and settles every round as the optimizer does."""
     guard = Guard(CFG.robust, PLANS)
     for step in range(steps):
         frames = {IDENTS[i].peer_id: _honest(i, step) for i in range(5)}
         frames[IDENTS[5].peer_id] = _recode(frames[IDENTS[victim_of(step)].peer_id], IDENTS[5], lambda v: v)  # type: ignore[operator]
         dec = packets.open_round(frames, PLANS, CFG, step, DIGEST, CPU)
-        verdict, _ = guard.judge(dec)
+        verdict, gidx = guard.judge(dec)
+        if auditor is not None and verdict.copies:
+            guard.audit(dec, verdict, gidx, auditor)
         combined = [dec.peers[i] for i in verdict.keep]
         guard.settle(verdict, step, [p for p in verdict.credited(dec.peers) if p in combined], combined)
     guard.flush()
@@ -200,10 +239,69 @@ def test_a_rotating_copier_is_neutralised_and_its_victims_keep_their_credit() ->
     assert all(credit[IDENTS[i].peer_id] == steps for i in range(5)), credit  # no copied round lost
 
 
-def test_a_copier_bound_to_one_victim_is_not_told_apart() -> None:
+def test_without_an_audit_a_copier_bound_to_one_victim_is_not_told_apart() -> None:
     steps = 10
     guard = _copy_rounds(lambda step: 0, steps)
     credit = _credits(guard)
     assert not guard.copiers and not guard.neutralised  # symmetric pair: neither is evicted
     assert credit[IDENTS[5].peer_id] == 0 and credit[IDENTS[0].peer_id] == 0  # both forfeit
     assert all(credit[IDENTS[i].peer_id] == steps for i in range(1, 5))
+
+
+def test_the_data_audit_gives_a_bound_copiers_rounds_to_its_victim() -> None:
+    steps, auditor = 16, _Auditor()
+    guard = _copy_rounds(lambda step: 0, steps, auditor)
+    victim, copier = IDENTS[0].peer_id, IDENTS[5].peer_id
+    pv = guard.provenance
+    assert list(pv.convicted) == [copier]
+    decided = pv.convicted[copier]
+    assert pv.cfg.min_rounds - 1 <= decided < pv.cfg.max_rounds
+    assert pv.owner(frozenset({victim, copier})) == victim
+    assert not guard.neutralised  # the sum never depended on it: credit only
+    credit = _credits(guard)
+    assert credit[copier] == 0
+    assert all(credit[IDENTS[i].peer_id] == steps for i in range(5)), credit  # the victim lost nothing
+    assert auditor.calls == 2 * (decided + 1)  # a decided pair is not audited again
+
+
+def test_the_audit_follows_the_data_not_the_peer_id() -> None:
+    """Had the 'copier' trained on the victim's batch (the auditor's answers swapped), the packet
+    would be its own: the audit credits whoever's data made it, not whoever came first."""
+    guard = _copy_rounds(lambda step: 0, 16, _Auditor(swap=True))
+    assert list(guard.provenance.convicted) == [IDENTS[0].peer_id]
+
+
+def test_an_audit_that_cannot_reproduce_a_batch_decides_nothing() -> None:
+    auditor = _Auditor(know={1, 2, 3, 4, 5})  # peer 0's batch is out of reach
+    guard = _copy_rounds(lambda step: 0, 30, auditor)
+    assert not guard.provenance.convicted
+    credit = _credits(guard)
+    assert credit[IDENTS[5].peer_id] == 0 and credit[IDENTS[0].peer_id] == 0  # as without an audit
+
+
+def test_an_undistinguishable_pair_is_given_up_not_decided() -> None:
+    """Scores that are noise around each other (both gradients unrelated to the packet) never pass
+    the t bound: after ``max_rounds`` audits the pair is given up, nobody convicted."""
+
+    class Noise(_Auditor):
+        def gradients(self, peer: bytes, step: int) -> list[torch.Tensor] | None:
+            self.calls += 1
+            return [torch.randn(p.layout.shape, generator=self.noise) for p in PLANS]
+
+    auditor = Noise()
+    guard = _copy_rounds(lambda step: 0, 40, auditor)
+    pv = guard.provenance
+    assert not pv.convicted
+    assert [p.given_up for p in pv.pairs.values()] == [True]
+    assert auditor.calls == 2 * pv.cfg.max_rounds
+
+
+def test_audit_limits_are_checked() -> None:
+    import pytest
+
+    from distronet.node.optim.provenance import Audit
+    from distronet.protocol.errors import ConfigError
+
+    for bad in (dict(min_rounds=0), dict(min_rounds=5, max_rounds=4), dict(majority=0.5), dict(t_min=0.0)):
+        with pytest.raises(ConfigError):
+            Audit(**bad)  # type: ignore[arg-type]

@@ -624,9 +624,12 @@ def parity_section(args: argparse.Namespace, device: torch.device, preset_name: 
     train_phase(model, opt, backend, batch_of(spec, 2, 0, 0), args.precision)
     params = [p for _, p in model.named_parameters()]  # the optimizer's order (its plans')
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    dev_m = [dct_chunks(g.detach().float(), plan.layout) for plan, g in zip(opt.plans, grads, strict=True)]
+    # cloned: a transform's result may be a view of a scratch buffer the next transform reuses
+    dev_m = [
+        dct_chunks(g.detach().float(), plan.layout).clone() for plan, g in zip(opt.plans, grads, strict=True)
+    ]
     cpu_g = [g.detach().float().cpu() for g in grads]
-    cpu_m_own = [dct_chunks(g, plan.layout) for plan, g in zip(opt.plans, cpu_g, strict=True)]
+    cpu_m_own = [dct_chunks(g, plan.layout).clone() for plan, g in zip(opt.plans, cpu_g, strict=True)]
     dct_err = max(_rel_err(a, b) for a, b in zip(dev_m, cpu_m_own, strict=True))
     cpu_m = [m.cpu() for m in dev_m]  # the same momentum tensors, bit for bit
     ident = identity(0)
@@ -648,6 +651,7 @@ def parity_section(args: argparse.Namespace, device: torch.device, preset_name: 
     frame_two, _ = build_packet(opt.plans, other, cfg, 0, identity(1), opt.digest)
     frames = {ident.peer_id: frame_cpu, identity(1).peer_id: frame_two}
     sums_dev = round_sums(open_round(frames, opt.plans, cfg, 0, opt.digest, device), opt.plans, device)
+    sums_dev = [t.clone() for t in sums_dev]  # the CPU's sums may land in the same scratch buffer
     sums_cpu = round_sums(open_round(frames, opt.plans, cfg, 0, opt.digest, cpu), opt.plans, cpu)
     decode_err = max(_rel_err(a, b) for a, b in zip(sums_dev, sums_cpu, strict=True))
     return {
@@ -725,7 +729,10 @@ def sync_capture(device: torch.device) -> Iterator[SyncLog]:
                  file: Any = None, line: str | None = None) -> None:  # fmt: skip
             text = str(message)
             if SYNC_MESSAGE in text:
-                log.add(sync_site(traceback.extract_stack()[:-1]), text)
+                stack = traceback.extract_stack()[:-1]
+                while stack and stack[-1].filename == warnings.__file__:
+                    stack.pop()  # the warnings module's own frames
+                log.add(sync_site(stack), text)
             else:
                 shown(message, category, filename, lineno, file, line)
 
@@ -975,6 +982,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"--device {args.device}: only cuda and cpu", file=sys.stderr)
         return 2
     if device.type == "cuda":
+        if device.index is None:  # torch.device("cuda") names no card; the parameters say cuda:N
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
     _watchdog(run, args.budget_s + 60)
     run.section("environment", lambda: environment(device))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,12 +18,19 @@ from aiohttp import web
 
 from distronet.coordinator.routes import Ctx, Served
 from distronet.protocol.coordinator_api import ApiError, ApiErrorCode
+from distronet.protocol.errors import ConfigError
+from distronet.protocol.limits import MAX_TOKENIZER_BYTES
+from distronet.protocol.run_file import file_beside
 
 if TYPE_CHECKING:
     from distronet.coordinator.events import Event
 
 Result = tuple[int, Any]
 SSE_KEEPALIVE_S = 15.0
+log = logging.getLogger("distronet.coordinator")
+# sha256 of each tokenizer file served, by (path, size, mtime_ns): hashed once, not per request
+_TOKENIZER_SHA: dict[tuple[str, int, int], str] = {}
+_TOKENIZER_SHA_MAX = 64
 
 
 def _run_id(ctx: Ctx) -> str:
@@ -179,6 +188,62 @@ async def shard(app: Served, ctx: Ctx) -> web.StreamResponse:
     if path is None:
         raise ApiError(ApiErrorCode.NOT_FOUND, f"shard {sid!r} is not served by this coordinator")
     return web.FileResponse(path, headers={"ETag": f'"{s.sha256}"', "Cache-Control": "public, max-age=86400"})
+
+
+def _sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+async def tokenizer(app: Served, ctx: Ctx) -> web.StreamResponse:
+    """The run's tokenizer file: ``tokenizer_file`` beside the manifest (``file_beside``'s path
+    rules, at most ``MAX_TOKENIZER_BYTES``), served only while its sha256 is the manifest's
+    ``tokenizer_sha256`` (hashed once per file version). 404 ``not_found`` when the run has no
+    tokenizer (byte-level data), was created without its data folder, or the file is missing,
+    too large or changed since ``data prepare`` wrote it (the coordinator's log says which)."""
+    run = app.svc.run(_run_id(ctx))
+    manifest = run.spec["data"]["manifest"]
+    name, sha = manifest.get("tokenizer_file"), manifest.get("tokenizer_sha256")
+    if not isinstance(name, str) or not isinstance(sha, str):
+        raise ApiError(ApiErrorCode.NOT_FOUND, f"run {run.id} has no tokenizer (its data is byte-level)")
+    if run.shard_root is None:
+        raise ApiError(
+            ApiErrorCode.NOT_FOUND,
+            f"run {run.id}'s tokenizer is not served by this coordinator (the run was created "
+            "without its data folder: give the manifest's path in the run file)",
+        )
+    try:
+        path = file_beside(run.shard_root, name, "data.manifest.tokenizer_file", MAX_TOKENIZER_BYTES)
+        st = path.stat()
+    except (ConfigError, OSError) as e:
+        log.warning("run %s: its tokenizer cannot be served: %s", run.id, e)
+        raise ApiError(ApiErrorCode.NOT_FOUND, f"run {run.id}'s tokenizer is not served: {e}") from None
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    digest = _TOKENIZER_SHA.get(key)
+    if digest is None:
+        digest = await asyncio.to_thread(_sha256_of, path)
+        if len(_TOKENIZER_SHA) >= _TOKENIZER_SHA_MAX:
+            _TOKENIZER_SHA.clear()
+        _TOKENIZER_SHA[key] = digest
+    if digest != sha:
+        log.error(
+            "run %s: %s has sha256 %s, the manifest says %s: prepare the data again",
+            run.id,
+            path,
+            digest,
+            sha,
+        )
+        raise ApiError(
+            ApiErrorCode.NOT_FOUND,
+            f"run {run.id}'s tokenizer is not served: the file differs from the manifest's tokenizer_sha256",
+        )
+    # (FileResponse sets its own ETag, from the file's mtime and size)
+    return web.FileResponse(
+        path, headers={"Cache-Control": "public, max-age=86400", "Content-Type": "application/json"}
+    )
 
 
 async def events(app: Served, ctx: Ctx) -> web.StreamResponse:

@@ -134,4 +134,11 @@ def _responses(r: Route) -> dict[str, Any]:
         out["409"] = {"description": "conflict (lease lost, run exists)", **err}
     if r.name == "create_run":
         out["201"] = {"description": "created"}
+    if r.name == "tokenizer":
+        out["200"] = {
+            "description": "the run's tokenizers JSON file, byte for byte; a node "
+            "keeps it only when its sha256 is the run's data.tokenizer_sha256",
+            "content": {"application/json": {"schema": {"type": "object"}}},
+        }
+        out["404"]["description"] = "no such run, or the run has no tokenizer this coordinator serves"
     return out

@@ -125,6 +125,15 @@ ROUTES: list[Route] = [
         "A data shard (HTTP Range).",
         raw=True,
     ),
+    R(
+        "GET",
+        "/runs/{run_id}/tokenizer.json",
+        "tokenizer",
+        "none",
+        None,
+        "The run's tokenizers JSON file (its sha256 is the run's data.tokenizer_sha256).",
+        raw=True,
+    ),
     R("GET", "/runs/{run_id}/leases/{unit}", "lease_state", "none", None, "The state of one shard unit."),
     R(
         "POST",

@@ -17,4 +17,5 @@ class ExitCode(enum.IntEnum):
     REJECTED = 4  # the coordinator refused admission (bad token, run closed, ...)
     NETWORK = 5  # the libp2p daemon could not start or join the swarm
     SHUTDOWN_TIMEOUT = 6  # still alive past the shutdown deadline: every thread's stack went to stderr
+    TOKENIZER_MISMATCH = 8  # the coordinator sent a tokenizer that is not the run's (sha256, size)
     INTERRUPTED = 130  # forced exit after a second Ctrl-C

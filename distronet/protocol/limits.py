@@ -19,9 +19,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_LIMITS", "DEFAULT_STREAM_LIMITS", "Limits", "StreamLimits"]
+__all__ = ["DEFAULT_LIMITS", "DEFAULT_STREAM_LIMITS", "MAX_TOKENIZER_BYTES", "Limits", "StreamLimits"]
 
 _MiB = 1 << 20
+
+MAX_TOKENIZER_BYTES = 64 * _MiB
+"""A run's tokenizer file (a Hugging Face ``tokenizers`` JSON): the most ``data prepare`` reads,
+the coordinator serves (``GET /runs/{run_id}/tokenizer.json``) and a node downloads. The largest
+common ones (256k-token vocabularies) are about 35 MB."""
 
 
 @dataclass(frozen=True)

@@ -280,6 +280,87 @@ async def test_coordinator_serves_shards_with_range(tmp_path: Path, http: aiohtt
             )
 
 
+def _tokenizer_run(folder: Path, tokenizer: bytes) -> Path:
+    """A run file whose manifest (version 2, beside it in ``data/``) names ``tokenizer.json``."""
+    (folder / "data").mkdir(parents=True)
+    (folder / "data" / "tokenizer.json").write_bytes(tokenizer)
+    manifest = {
+        "version": 2, "tokenizer": "hf", "dtype": "uint16", "vocab_size": 300, "eos_id": 0,
+        "tokenizer_file": "tokenizer.json", "tokenizer_sha256": hashlib.sha256(tokenizer).hexdigest(),
+        "shards": [{"id": "s0", "url": "https://x.example/0", "sha256": "ab" * 32, "tokens": 8, "bytes": 16}],
+    }  # fmt: skip
+    (folder / "data" / "manifest.json").write_text(json.dumps(manifest))
+    run = folder / "run.toml"
+    run.write_text('id = "tok"\n[data]\nmanifest = "data/manifest.json"\n[credit]\nmin_steps = 0\n')
+    return run
+
+
+async def test_coordinator_serves_the_runs_tokenizer_and_a_node_keeps_it(
+    tmp_path: Path, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``GET /runs/{id}/tokenizer.json``: the file beside the manifest, byte for byte, while it
+    hashes to the manifest's sha256 and is within MAX_TOKENIZER_BYTES; 404 ``not_found`` for a
+    byte-level run, a run created without its data folder, a changed or oversized file. A node
+    fetches it once (the coordinator counts one download) and keeps it verified."""
+    from distronet.coordinator import handlers
+    from distronet.coordinator.app import CoordinatorApp
+    from distronet.coordinator.config import load_run_file
+    from distronet.node.data.tokenizer_fetch import ensure_run_tokenizer
+    from distronet.protocol.coordinator_api import CREATE_RUN
+
+    tokenizer = json.dumps({"version": "1.0", "model": {"type": "BPE", "vocab": {}, "merges": []}}).encode()
+    sha = hashlib.sha256(tokenizer).hexdigest()
+    body, root = load_run_file(_tokenizer_run(tmp_path, tokenizer))
+    assert root == str(tmp_path / "data")
+    cfg = CoordinatorConfig(db=f"sqlite:///{tmp_path / 'c.db'}", operator_token=TOKEN)
+    app = CoordinatorApp(cfg)
+    async with local_coordinator(cfg, app) as lc:
+        app.svc.create_run(body, shard_root=root)
+        app.svc.create_run(CREATE_RUN.validate(spec("byte")), shard_root=root)
+        inline = json.loads(json.dumps(body)) | {"id": "inline"}  # as validated, another id
+        app.svc.create_run(inline, shard_root=None)  # POSTed: no data folder
+        await app.committer.durable()
+        url = lc.url + "/api/v1/runs/{}/tokenizer.json"
+        async with http.get(url.format("tok")) as r:
+            assert r.status == 200 and await r.read() == tokenizer
+            assert r.content_type == "application/json"
+        for run_id, why in [("byte", "has no tokenizer"), ("inline", "without its data folder"),
+                            ("nope", "")]:  # fmt: skip
+            async with http.get(url.format(run_id)) as r:
+                err = (await r.json())["error"]
+                assert r.status == 404 and err["code"] == "not_found" and why in err["message"], err
+        # the node's side, against this coordinator: fetched once, then read from its cache
+        async with http.get(lc.url + "/api/v1/runs/tok") as r:
+            data = (await r.json())["data"]
+        assert data["tokenizer_sha256"] == sha
+        for _ in range(2):
+            path = await ensure_run_tokenizer(lc.url, "tok", data, tmp_path / "node")
+            assert path is not None and path.read_bytes() == tokenizer
+        async with http.get(lc.url + "/metrics") as r:
+            text = await r.text()
+        assert (
+            'distro_coordinator_requests_total{route="tokenizer",status="200"} 2.0' in text
+        )  # ours + node's
+        # a file changed after data prepare, or one over the limit, is not served
+        (tmp_path / "data" / "tokenizer.json").write_bytes(tokenizer + b" ")
+        async with http.get(url.format("tok")) as r:
+            assert r.status == 404 and "differs" in (await r.json())["error"]["message"]
+        (tmp_path / "data" / "tokenizer.json").write_bytes(tokenizer)
+        monkeypatch.setattr(handlers, "MAX_TOKENIZER_BYTES", len(tokenizer) - 1)
+        async with http.get(url.format("tok")) as r:
+            assert r.status == 404 and "larger than" in (await r.json())["error"]["message"]
+        # a tokenizer_file that leads out of the data folder (a symlink) is not served either
+        monkeypatch.undo()
+        (tmp_path / "outside.json").write_bytes(tokenizer)
+        (tmp_path / "data" / "tokenizer.json").unlink()
+        (tmp_path / "data" / "tokenizer.json").symlink_to(tmp_path / "outside.json")
+        async with http.get(url.format("tok")) as r:
+            assert r.status == 404 and "leads outside" in (await r.json())["error"]["message"]
+    doc = app.openapi
+    op = doc["paths"]["/api/v1/runs/{run_id}/tokenizer.json"]["get"]
+    assert op["operationId"] == "tokenizer" and "application/json" in op["responses"]["200"]["content"]
+
+
 async def test_openapi_metrics_and_health(lc: LocalCoordinator, http: aiohttp.ClientSession) -> None:
     async with http.get(lc.url + "/api/v1/openapi.json") as r:
         doc = await r.json()

@@ -175,6 +175,7 @@ class Node:
         )
         spec, dcfg, xcfg, joined = await self._read_and_join(self.client)
         self.client.resume()
+        await self._fetch_tokenizer()
         self.status = NodeStatus(cfg.run_id, identity.peer_id_b58, state=self.state.value)
         self.status_file = StatusFile(cfg.data_path / "status.json")
         boot = parts.bootstrap_addrs(joined.bootstrap_peers, identity.peer_id_b58)
@@ -258,6 +259,30 @@ class Node:
             return pick_backend(self.cfg.train.device)
         except ConfigError as e:
             raise NodeError(str(e), ExitCode.USAGE) from e
+
+    async def _fetch_tokenizer(self) -> None:
+        """The run's tokenizer, when its manifest names one: fetched once into the data dir and
+        kept only when its sha256 is the run info's (``data/tokenizer_fetch.py``); a cached copy
+        is not downloaded again. A coordinator that serves none is logged (training needs only
+        the shards; `distro-node export` then wants ``--tokenizer``)."""
+        from distronet.node.data import tokenizer_fetch as tf
+
+        data = self.run_info.get("data", {})
+        try:
+            path = await tf.ensure_run_tokenizer(
+                self.cfg.coordinator, self.cfg.run_id, data, self.cfg.data_path
+            )
+        except tf.TokenizerNotServed as e:
+            log.warning("%s; training goes on (export will need --tokenizer)", e)
+            return
+        except tf.TokenizerUnavailable as e:
+            raise NodeError(f"{e}; check the coordinator", ExitCode.COORDINATOR_UNREACHABLE) from e
+        except tf.TokenizerMismatch as e:
+            raise NodeError(str(e), ExitCode.TOKENIZER_MISMATCH) from e
+        except tf.TokenizerError as e:
+            raise NodeError(f"the run's tokenizer is not usable by this node: {e}", ExitCode.USAGE) from e
+        if path is not None:
+            log.info("the run's tokenizer: %s (sha256 verified)", path)
 
     async def _assemble(
         self,

@@ -22,6 +22,7 @@ from typing import Any
 
 from distronet.node.data.errors import DataError
 from distronet.node.data.manifest import MAX_VOCAB
+from distronet.protocol.limits import MAX_TOKENIZER_BYTES
 
 __all__ = [
     "EOS_NAMES",
@@ -35,7 +36,6 @@ __all__ = [
 
 EOS_TOKEN = "<|endoftext|>"  # the special token a trained tokenizer gets (id 0)
 EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "[EOS]")
-MAX_TOKENIZER_BYTES = 256 * 1024 * 1024
 MIN_TRAIN_VOCAB = 257  # 256 byte symbols and the EOS
 
 

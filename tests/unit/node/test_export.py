@@ -83,6 +83,62 @@ def test_what_cannot_be_exported_says_why(tmp_path: Path, capsys: pytest.Capture
     assert not (tmp_path / "o").exists()
 
 
+def test_the_node_s_verified_tokenizer_is_exported_and_another_one_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run whose manifest names a tokenizer exports the node's verified copy
+    (``<data-dir>/tokenizers/<sha256>.json``, the data dir being the checkpoint's folder) with no
+    ``--tokenizer``; a ``--tokenizer`` that is not the run's, or none to be found, exit 2."""
+    import hashlib
+
+    from distronet.node.data.tokenizer_fetch import TOKENIZER_DIR
+
+    run = _run(tmp_path, {"arch": "hf", "seed": 3, "seq_len": 16, "hf": "config.json"})
+    theirs = train_bpe(TEXT * 50, 280).data
+    sha = hashlib.sha256(theirs).hexdigest()
+    (tmp_path / "data").mkdir()
+    manifest = {"version": 2, "tokenizer": "hf", "dtype": "uint16", "vocab_size": 280, "eos_id": 0,
+                "tokenizer_file": "tokenizer.json", "tokenizer_sha256": sha, "shards": []}  # fmt: skip
+    (tmp_path / "data" / "manifest.json").write_text(json.dumps(manifest))
+    run.write_text(run.read_text() + '[data]\nmanifest = "data/manifest.json"\n')
+    node_dir = tmp_path / "node"
+    (node_dir / TOKENIZER_DIR).mkdir(parents=True)
+    spec = ModelSpec.from_run({"arch": "hf", "seed": 3, "seq_len": 16, "hf": HF})
+    model = build_model(spec, torch.device("cpu"))
+    ckpt = node_dir / "checkpoint.safetensors"
+    save_checkpoint(ckpt, Checkpoint("r", 3, param_digest(model), model.state_dict(), {}))
+    out = tmp_path / "hf"
+    # the run names a tokenizer the node has not (yet) and the manifest's folder lacks: said so
+    assert main(["export", str(run), str(ckpt), str(out)]) == 2
+    assert f"sha256 {sha}) is not in {node_dir / TOKENIZER_DIR}" in capsys.readouterr().err
+    # the node's copy (as it fetched it at join) is what is exported
+    (node_dir / TOKENIZER_DIR / f"{sha}.json").write_bytes(theirs)
+    assert main(["export", str(run), str(ckpt), str(out)]) == 0
+    tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    assert tok.decode(tok.encode(TEXT[0], add_special_tokens=False)) == TEXT[0]
+    assert tok.eos_token == "<|endoftext|>"
+    # another tokenizer given by hand is not the run's
+    other = tmp_path / "other.json"
+    other.write_bytes(train_bpe(TEXT * 50, 270).data)
+    assert main(["export", str(run), str(ckpt), str(tmp_path / "o"), "--tokenizer", str(other)]) == 2
+    assert "is not the run's tokenizer" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+    # a copy in the cache that no longer hashes right is not used (nor one beside the manifest)
+    (node_dir / TOKENIZER_DIR / f"{sha}.json").write_bytes(theirs + b" ")
+    (tmp_path / "data" / "tokenizer.json").write_bytes(theirs + b" ")
+    assert main(["export", str(run), str(ckpt), str(tmp_path / "o")]) == 2
+    # with no copy in the data dir, the file data prepare wrote beside the manifest serves
+    (tmp_path / "data" / "tokenizer.json").write_bytes(theirs)
+    assert main(["export", str(run), str(ckpt), str(tmp_path / "o2")]) == 0
+    # no manifest on this machine: the sha256 the node recorded at join names the copy
+    (tmp_path / "data" / "manifest.json").unlink()
+    (node_dir / TOKENIZER_DIR / f"{sha}.json").write_bytes(theirs)
+    (node_dir / TOKENIZER_DIR / "run-r.sha256").write_text(sha + "\n")
+    assert main(["export", str(run), str(ckpt), str(tmp_path / "o3"), "--tokenizer", str(other)]) == 2
+    assert main(["export", str(run), str(ckpt), str(tmp_path / "o3")]) == 0
+    assert (tmp_path / "o3" / "tokenizer.json").exists()
+
+
 def test_the_command_is_on_the_console_script() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "distronet.node.cli", "export", "-h"], capture_output=True, text=True

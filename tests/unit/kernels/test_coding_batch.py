@@ -62,7 +62,7 @@ def test_batched_payloads_equal_per_tensor_ones() -> None:
         assert got == want
         for (_, d_want), d_got in zip(coded, deq, strict=True):
             assert np.array_equal(d_got, d_want)
-        for tid, idx, _, cn, _, ic in items:
+        for _tid, idx, _, cn, _, ic in items:
             if ic == IndexCoding.ENTROPY and idx.shape[1] < cn:
                 code, _ = encode_indices(np.sort(idx, axis=1), cn, ic)
                 assert code is not None

@@ -135,9 +135,13 @@ def _scale_symbols(c: np.ndarray) -> np.ndarray:
 
 def _scale_parts(ts: Sequence[EncodedTensor]) -> list[Part]:
     codes = [t.values.scale_codes for t in ts if t.values.scale_codes is not None]
-    if not codes:
-        return []
-    sym = _scale_symbols(np.concatenate(codes))
+    return _scale_parts_of(np.concatenate(codes)) if codes else []
+
+
+def _scale_parts_of(codes: np.ndarray) -> list[Part]:
+    """The scale codes' parameters, then their fields, escapes and mantissas (all tensors' codes,
+    concatenated in tensor-id order)."""
+    sym = _scale_symbols(codes)
     b0, w = choose_params(sym, SCALE_BMAX)
     return [(np.array([b0, w]), np.array([4, 3])), *class_parts(sym, b0, w, SCALE_BMAX)]
 

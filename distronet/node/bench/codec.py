@@ -63,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
 
     from distronet.kernels.coding import IndexCoding, ValueCoding
     from distronet.node.bench.codec_run import measure
-    from distronet.node.bench.codec_tensors import big_matrix, gpt_momentum
+    from distronet.node.bench.codec_step import step_share
+    from distronet.node.bench.codec_tensors import big_matrix, gpt_momentum, llama_model, llama_momentum
 
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
@@ -75,15 +76,23 @@ def run(args: argparse.Namespace) -> int:
     if args.quick:  # the headline codings only
         codings = [c for c in codings if (c[0].name.lower(), c[1].name.lower()) in QUICK_CODINGS]
     load_before = os.getloadavg()[0]
-    sets = [gpt_momentum(steps, chunk=args.chunk), big_matrix(size, chunk=args.chunk)]
+    sets = []
+    if args.model in ("gpt", "both"):
+        sets.append(gpt_momentum(steps, chunk=args.chunk))
+    if args.model in ("llama", "both"):
+        sets.append(llama_momentum(steps, chunk=args.chunk))
+    sets.append(big_matrix(size, chunk=args.chunk))
     rows = [
         dataclasses.asdict(r)
         for ts in sets
         for k in KS
         for r in measure(ts, k, codings, repeats, dec_repeats)
     ]
+    step_rows = []
+    if args.model in ("llama", "both") and not args.no_step:
+        step_rows = [dataclasses.asdict(r) for r in step_share("llama", llama_model(), steps=max(repeats, 1))]
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps(rows + step_rows, indent=1))
         return int(ExitCode.OK)
     print(
         f"distro-node bench codec: chunk {args.chunk}, {repeats} repeats (medians; decode 1 / 16: "
@@ -94,6 +103,13 @@ def run(args: argparse.Namespace) -> int:
     for ts in sets:
         print(f"\n{ts.name}: {len(ts.tensors)} tensors, {ts.numel:,} parameters")
         print(_table([r for r in rows if r["tensors"] == ts.name]))
+    for r in step_rows:
+        print(
+            f"\n{r['config']}: {r['params']:,} parameters, {r['tensors']} tensors, {r['tokens_per_step']} "
+            f"tokens a step: step {r['step_ms']:.0f} ms (forward + backward {r['train_ms']:.0f} ms), codec "
+            f"{r['codec_ms']:.1f} ms (encode {r['encode_ms']:.1f}, decode {r['decode_ms']:.1f}) = "
+            f"{100 * r['codec_share']:.1f} % of the step (medians of {r['steps']})"
+        )
     print(
         "\nwire = the whole signed step packet after zstd; ref = DeMo (einsum DCT, int64 + fp32, no "
         "signature, no zstd).\nspeedup = (ref enc + ref dec) / (enc + dec); rel err = |ours - ref| / |ref| "
@@ -109,6 +125,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--quick", action="store_true", help="small tensors, one repeat, headline codings only (< 30 s)"
     )
     p.add_argument("--json", action="store_true", help="print a JSON list of result objects")
+    p.add_argument(
+        "--model",
+        choices=("gpt", "llama", "both"),
+        default="both",
+        help="whose real momentum: the built-in GPT, the ~5.3M-parameter Llama (arch = hf), or both",
+    )
+    p.add_argument("--no-step", action="store_true", help="skip the codec's share of a Llama training step")
     p.add_argument("--chunk", type=int, default=64, help="DCT chunk size s (default 64)")
     p.add_argument("--steps", type=int, default=None, help="GPT training steps before the snapshot")
     p.add_argument("--size", type=int, default=None, help="side of the square fp32 matrix")

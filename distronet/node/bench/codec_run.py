@@ -39,14 +39,10 @@ from dataclasses import dataclass
 
 import torch
 
-from distronet.kernels.coding import (
-    IndexCoding,
-    ValueCoding,
-    encode_payload,
-    encode_tensor,
-    warm,
-)
+from distronet.kernels.coding import IndexCoding, ValueCoding, warm
+from distronet.kernels.coding_batch import CodingGroup, encode_batch, encode_groups
 from distronet.kernels.decode import decode_flat
+from distronet.kernels.encode import TopkGroup, dct_topk_groups
 from distronet.kernels.topk import dct_topk
 from distronet.node.bench.codec_demo import DemoReference
 from distronet.node.bench.codec_kernels import decode_sum_many
@@ -114,22 +110,40 @@ class _Ours:
         )
         self.nk = [(lay.n_chunks, lay.chunk_numel) for lay in ts.layouts]
 
-    def kernel_encode(self) -> list[Part]:
-        return [
-            dct_topk(t, lay, k) for t, lay, k in zip(self.ts.tensors, self.ts.layouts, self.ks, strict=True)
-        ]
+    def kernel_encode(self) -> list[TopkGroup]:
+        """DCT + top-k of every tensor, one transform and one selection per block shape."""
+        return dct_topk_groups(self.ts.tensors, self.ts.layouts, self.ks)
+
+    def parts(self) -> list[Part]:
+        """This set's own top-k, per tensor (views of :meth:`kernel_encode`'s groups)."""
+        out: list[Part | None] = [None] * len(self.ks)
+        for g in self.kernel_encode():
+            row = 0
+            for i, n in zip(g.members, g.rows, strict=True):
+                out[i] = (g.idx[row : row + n], g.val[row : row + n])
+                row += n
+        return [p for p in out if p is not None]
 
     def encode(
         self, coding: Coding, parts: Sequence[Part] | None = None, identity: Identity | None = None
     ) -> bytes:
-        """A sealed frame of ``parts`` (default: this set's own top-k) signed by ``identity``."""
-        coded = [
-            encode_tensor(i, idx.numpy(), val.numpy(), lay.chunk_numel, *coding)[0]
-            for i, ((idx, val), lay) in enumerate(
-                zip(parts if parts is not None else self.kernel_encode(), self.ts.layouts, strict=True)
+        """A sealed frame of ``parts`` (default: this set's own top-k) signed by ``identity``:
+        batched (``dct_topk_groups`` then ``encode_groups``, one pass per block shape)."""
+        if parts is None:
+            payload, _ = encode_groups(
+                [
+                    CodingGroup(g.members, g.rows, g.idx.numpy(), g.val.numpy(), g.chunk_numel, *coding)
+                    for g in self.kernel_encode()
+                ]
             )
-        ]
-        return seal_packet(identity or self.identity, RUN_ID, 1, self.digest, encode_payload(coded))
+        else:
+            payload, _ = encode_batch(
+                [
+                    (i, idx.numpy(), val.numpy(), lay.chunk_numel, *coding)
+                    for i, ((idx, val), lay) in enumerate(zip(parts, self.ts.layouts, strict=True))
+                ]
+            )
+        return seal_packet(identity or self.identity, RUN_ID, 1, self.digest, payload)
 
     def peers(self, n: int) -> list[tuple[Identity, list[Part]]]:
         """``n - 1`` other peers: own identity, own momentum (module doc), its top-k."""
@@ -198,7 +212,7 @@ def measure(
     frames = {c: ours.encode(c) for c in codings}
     peers = ours.peers(16)
     rounds = {c: [frames[c], *(ours.encode(c, parts, ident) for ident, parts in peers)] for c in codings}
-    ref_bytes, ref_parts, our_parts = ref.encode(), ref.kernel_encode(), ours.kernel_encode()
+    ref_bytes, ref_parts, our_parts = ref.encode(), ref.kernel_encode(), ours.parts()
     t: dict[str, list[float]] = {}
 
     def sink(key: str) -> list[float]:

@@ -12,7 +12,8 @@ are independent, so it spreads them over a few threads (zstd, SHA-256 and the co
 walk release the GIL; msgpack and cryptography's Ed25519 verify hold it); each result is a pure
 function of its frame, returned in input order, so results never depend on the thread count.
 
-Cost per step: one top-k per tensor, one value/index coding pass, one zstd + Ed25519 signature;
+Cost per step: one top-k and one value/index coding pass per (chunk size, k) class of tensors
+(not per tensor), one zstd + Ed25519 signature;
 decoding is linear in the round's bytes.
 """
 
@@ -27,15 +28,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from distronet.kernels.coding import (
-    EncodedTensor,
-    FlatPayload,
-    IndexCoding,
-    ValueCoding,
-    decode_payload,
-    encode_payload,
-    encode_tensor,
-)
+from distronet.kernels.coding import FlatPayload, IndexCoding, ValueCoding, decode_payload
+from distronet.kernels.coding_batch import CodingGroup, encode_groups
 from distronet.kernels.coding_table import read_header
 from distronet.kernels.fanout import map_in_order
 from distronet.kernels.layout import ChunkLayout, plan_layout
@@ -237,30 +231,49 @@ def build_packet(
 
     ``momenta[i]`` is plan i's coefficient-space momentum ``(n_chunks, chunk_numel)``; it is not
     modified. Returns the sealed frame and, per tensor, what was sent (dequantised).
+
+    Batched across tensors: the momenta of every tensor of one ``(chunk_numel, k, dense)`` class
+    are stacked (one copy), so one top-k and one coding pass (``coding_batch.encode_groups``)
+    serve them all; the bytes are those of coding tensor by tensor (``encode_tensor`` +
+    ``encode_payload``), and ``test_optim_packets`` holds the two equal.
     """
-    encoded: list[EncodedTensor] = []
-    sent: list[SentTensor] = []
-    k_now = cfg.extraction.k_at(step)
-    for plan, m in zip(plans, momenta, strict=True):
-        k = plan.k(k_now)
-        if plan.dense:
-            idx = torch.arange(k, dtype=torch.int64).expand(m.shape[0], k)
-            val = m
+    ex, k_now = cfg.extraction, cfg.extraction.k_at(step)
+    by_class: dict[tuple[int, int, bool], list[int]] = {}
+    for i, plan in enumerate(plans):
+        by_class.setdefault((plan.layout.chunk_numel, plan.k(k_now), plan.dense), []).append(i)
+    groups: list[CodingGroup] = []
+    picked: list[tuple[list[int], torch.Tensor, torch.Tensor]] = []
+    for (cn, k, dense), members in by_class.items():
+        ms = [momenta[i] for i in members]
+        c = ms[0] if len(ms) == 1 else torch.cat([m.reshape(-1, cn) for m in ms])
+        if dense:
+            idx = torch.arange(k, dtype=torch.int64, device=c.device).expand(c.shape[0], k)
+            val = c
         else:
-            idx, val = topk_chunks(m, k)
-        vc = cfg.extraction.dense_value_coding if plan.dense else cfg.extraction.value_coding
-        enc, deq = encode_tensor(
-            plan.tensor_id,
-            np.ascontiguousarray(idx.cpu().numpy(), dtype=np.int64),
-            np.ascontiguousarray(val.detach().cpu().numpy(), dtype=np.float32),
-            plan.layout.chunk_numel,
-            vc,
-            cfg.extraction.index_coding,
+            idx, val = topk_chunks(c, k)
+        groups.append(
+            CodingGroup(
+                tuple(plans[i].tensor_id for i in members),
+                tuple(plans[i].layout.n_chunks for i in members),
+                np.ascontiguousarray(idx.cpu().numpy(), dtype=np.int64),
+                np.ascontiguousarray(val.detach().cpu().numpy(), dtype=np.float32),
+                cn,
+                ex.dense_value_coding if dense else ex.value_coding,
+                ex.index_coding,
+            )
         )
-        encoded.append(enc)
-        sent.append(SentTensor(idx, torch.from_numpy(np.asarray(deq, dtype=np.float32)).to(m.device)))
-    frame = seal_packet(identity, cfg.run_id, step, digest, encode_payload(encoded))
-    return frame, sent
+        picked.append((members, idx, val))
+    payload, deqs = encode_groups(groups)
+    sent: list[SentTensor | None] = [None] * len(plans)
+    for (members, idx, val), deq in zip(picked, deqs, strict=True):
+        dq = torch.from_numpy(deq).to(val.device)
+        row = 0
+        for i in members:
+            n = plans[i].layout.n_chunks
+            sent[i] = SentTensor(idx[row : row + n], dq[row : row + n])
+            row += n
+    frame = seal_packet(identity, cfg.run_id, step, digest, payload)
+    return frame, [s for s in sent if s is not None]
 
 
 def open_frames(

@@ -67,3 +67,82 @@ def test_open_round_is_the_same_for_any_thread_count(monkeypatch: pytest.MonkeyP
     assert len(results[0].peers) == 6 - len(rej) and all(
         len(p) == len(results[0].peers) for p in results[0].parts.values()
     )
+
+
+def _per_tensor_frame(
+    plans, momenta, cfg, step, ident, digest
+) -> tuple[bytes, list[tuple[torch.Tensor, object]]]:  # type: ignore[no-untyped-def]
+    """``build_packet`` as it was before batching: one top-k and one ``encode_tensor`` per tensor."""
+    import numpy as np
+
+    from distronet.kernels.coding import encode_payload, encode_tensor
+    from distronet.kernels.topk import topk_chunks
+    from distronet.protocol.packet import seal_packet
+
+    ex, k_now = cfg.extraction, cfg.extraction.k_at(step)
+    coded, sent = [], []
+    for plan, m in zip(plans, momenta, strict=True):
+        k = plan.k(k_now)
+        if plan.dense:
+            idx, val = torch.arange(k, dtype=torch.int64).expand(m.shape[0], k), m
+        else:
+            idx, val = topk_chunks(m, k)
+        vc = ex.dense_value_coding if plan.dense else ex.value_coding
+        enc, deq = encode_tensor(
+            plan.tensor_id,
+            np.ascontiguousarray(idx.numpy(), dtype=np.int64),
+            np.ascontiguousarray(val.numpy(), dtype=np.float32),
+            plan.layout.chunk_numel,
+            vc,
+            ex.index_coding,
+        )
+        coded.append(enc)
+        sent.append((idx, deq))
+    return seal_packet(ident, cfg.run_id, step, digest, encode_payload(coded)), sent
+
+
+@pytest.mark.parametrize("name", sorted(PACKET_BYTES_DEFAULT_GPT))
+@pytest.mark.parametrize("model", ["gpt", "mixed"])
+def test_batched_packet_bytes_equal_per_tensor_coding(name: str, model: str) -> None:
+    """The batched encoder (one top-k and coding pass per class of tensors) writes the same frame,
+    byte for byte, and sends the same values as coding tensor by tensor, for every preset, on the
+    default GPT's real-shaped momenta and on a mix of shapes (padded dims, prime dims, 3-D,
+    scalars, all-zero chunks, a tensor whose momentum is zero)."""
+    import numpy as np
+
+    from distronet.node.optim import packets
+
+    cfg = preset(name)
+    if model == "gpt":
+        shapes = [(n, tuple(p.shape)) for n, p in GPT(GPTConfig(), seed=0).named_parameters()]
+    else:
+        shapes = [
+            ("a", (96, 128)),
+            ("b", (40,)),
+            ("c", (300,)),
+            ("d", (67, 131)),
+            ("e", (2, 3, 64, 64)),
+            ("f", ()),
+            ("g", (96, 128)),
+            ("h", (1, 5)),
+            ("i", (128, 96)),
+            ("z", (64, 64)),
+        ]
+    plans = packets.make_plans(shapes, cfg)
+    digest = packets.run_digest(plans)
+    ident = Identity.from_seed(bytes([9]) * 32)
+    g = torch.Generator().manual_seed(1)
+    for step in (0, 5):
+        momenta = []
+        for p in plans:
+            m = torch.randn(p.layout.n_chunks, p.layout.chunk_numel, generator=g)
+            m *= torch.rand(p.layout.n_chunks, 1, generator=g).square()  # chunks of unequal scale
+            if p.layout.n_chunks > 2:
+                m[1] = 0.0  # an all-zero chunk
+            momenta.append(m)
+        momenta[-1].zero_()
+        want, want_sent = _per_tensor_frame(plans, momenta, cfg, step, ident, digest)
+        got, got_sent = packets.build_packet(plans, momenta, cfg, step, ident, digest)
+        assert got == want
+        for s, (idx, deq) in zip(got_sent, want_sent, strict=True):
+            assert torch.equal(s.idx, idx) and np.array_equal(s.val.numpy(), deq)

@@ -1,0 +1,398 @@
+"""The payload encoder for many tensors at once: one pass per coding group, not per tensor.
+
+``encode_tensor`` + ``encode_payload`` (:mod:`coding`, :mod:`coding_payload`) code a payload
+tensor by tensor: a model's ~50-400 tensors cost ~50 small numpy operations each, which on the
+built-in GPT's 53 tensors is most of an encode. :func:`encode_groups` writes the SAME bytes (the
+wire format is unchanged; ``test_coding_batch.py`` holds the two equal byte for byte) from
+*coding groups*: every tensor of one ``(chunk_numel, k, value coding, index coding)`` sits in one
+``(N, k)`` array, side by side, so each step of the coding runs once per group:
+
+* the canonical order check, the value quantisation (per chunk: row-wise, so a group's result
+  is its members' results stacked);
+* ENTROPY's choice of a rank map per tensor: every member's sampled chunks (the same 512-chunk
+  stride ``encode_indices`` takes) get their gaps under each map at once, per-tensor bucket
+  histograms come from one ``bincount``, and the cheapest parameters of every tensor from one
+  product with the cost table (``best_params`` for all members together); the same for the
+  fixed-width fallback test on the full gaps;
+* the bucket code's fields, escapes and mantissas of all members (escapes as zero-width fields
+  where there is none: ``pack_bits`` drops those).
+
+What stays per tensor is slicing: the payload's bit stream is ordered by tensor id, so each
+tensor's fields are cut from its group's arrays and joined once (a few slices a tensor).
+Cost: O(coefficients) numpy work in a few dozen operations per group, plus ~10 slices a tensor.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from distronet.kernels.coding_bits import append_flags, pack_bits, unary_fields, varint
+from distronet.kernels.coding_bucket import RICE, Part, _tables, buckets_of, centre_out, choose_params
+from distronet.kernels.coding_index import (
+    _SAMPLE_CHUNKS,
+    MAX_CHUNK_NUMEL,
+    ClassParams,
+    IndexCoding,
+    RankMap,
+    fixed_width,
+    rank_tables,
+    square_side,
+)
+from distronet.kernels.coding_payload import MAX_CLASSES, PAYLOAD_VERSION, _scale_parts_of
+from distronet.kernels.coding_values import ValueCoding, quantise
+from distronet.protocol.errors import KernelError
+
+__all__ = ["CodingGroup", "encode_batch", "encode_groups"]
+
+
+@dataclass(frozen=True)
+class CodingGroup:
+    """Tensors of one coding class, their chunks stacked: tensor ``tensor_ids[j]`` owns rows
+    ``sum(rows[:j]) .. sum(rows[:j + 1])`` of ``idx`` int64 ``(N, k)`` (unique per chunk, in
+    ``[0, chunk_numel)``) and ``val`` float32 ``(N, k)``."""
+
+    tensor_ids: tuple[int, ...]
+    rows: tuple[int, ...]
+    idx: np.ndarray
+    val: np.ndarray
+    chunk_numel: int
+    value_coding: ValueCoding
+    index_coding: IndexCoding
+
+
+@dataclass
+class _Coded:
+    """One group after coding (internal): what the payload assembly slices per tensor."""
+
+    group: CodingGroup
+    start: np.ndarray  # (T + 1,) row offsets
+    k: int
+    dense: bool
+    rank_map: list[RankMap | None]  # per tensor (None: FIXED, or dense)
+    idx: np.ndarray  # sorted per chunk
+    gaps: np.ndarray | None  # (N, k) ENTROPY gaps (rows of FALLBACK tensors unused)
+    values: np.ndarray  # the coded values' byte view per row: (N, bytes per row), or signs
+    signs: np.ndarray | None  # bool (N, k) for SIGN1
+    scale_codes: np.ndarray | None  # (N,)
+    deq: np.ndarray  # (N, k) dequantised, in the caller's idx order
+
+
+def _hist(b: np.ndarray, seg: np.ndarray, t: int, bmax: int) -> np.ndarray:
+    """Per-tensor bucket histograms ``(t, bmax + 1)`` of buckets ``b`` belonging to tensors ``seg``."""
+    h: np.ndarray = np.bincount(seg * (bmax + 1) + b, minlength=t * (bmax + 1)).reshape(t, bmax + 1)
+    return h
+
+
+def _best_costs(hist: np.ndarray, bmax: int) -> np.ndarray:
+    """``best_params(...)[0]`` of every row's histogram (bits including mantissas), int64 (t,)."""
+    orders, costs = _tables(bmax)
+    total = hist[:, orders] @ costs.T  # (t, b0, w)
+    mantissa = hist[:, 2:] @ np.arange(1, bmax, dtype=np.int64)
+    out: np.ndarray = total.reshape(hist.shape[0], -1).min(axis=1) + mantissa
+    return out
+
+
+def _estimates(gaps: np.ndarray, seg_rows: np.ndarray, t: int, bmax: int) -> np.ndarray:
+    """``coding_index._estimate`` of each tensor's rows of ``gaps`` (class A + class B bits)."""
+    b = buckets_of(gaps)
+    k = gaps.shape[1]
+    cost_a = _best_costs(_hist(b[:, 0], seg_rows, t, bmax), bmax)
+    if k == 1:
+        return cost_a
+    seg_b = np.repeat(seg_rows, k - 1)
+    return cost_a + _best_costs(_hist(b[:, 1:].reshape(-1), seg_b, t, bmax), bmax)
+
+
+def _sorted_ranks(idx: np.ndarray, table: np.ndarray) -> np.ndarray:
+    ranks: np.ndarray = np.sort(table[idx], axis=1)
+    return ranks
+
+
+def _gaps(ranks: np.ndarray) -> np.ndarray:
+    out: np.ndarray = np.diff(ranks, axis=1, prepend=-1) - 1
+    return out
+
+
+def _entropy(
+    idx: np.ndarray, cn: int, start: np.ndarray
+) -> tuple[list[RankMap | None], np.ndarray, np.ndarray | None]:
+    """Batched ``encode_indices`` (ENTROPY, k < cn): (rank map per tensor, gaps, wire order or None)."""
+    t, k = start.size - 1, idx.shape[1]
+    n_t = np.diff(start)
+    seg_rows = np.repeat(np.arange(t), n_t)
+    bmax = fixed_width(cn)
+    maps = [RankMap.IDENTITY]
+    if square_side(cn) is not None:
+        maps += [RankMap.TRANSPOSE, RankMap.DIAGONAL]
+    tables = np.stack([rank_tables(cn, m)[0] for m in maps])
+    if len(maps) > 1:
+        strides = np.maximum(1, n_t // _SAMPLE_CHUNKS)
+        counts = -(-n_t // strides)
+        seg_s = np.repeat(np.arange(t), counts)
+        within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        rows = start[:-1][seg_s] + within * strides[seg_s]
+        sample = idx[rows]
+        costs = np.stack(
+            [_estimates(_gaps(_sorted_ranks(sample, tables[j])), seg_s, t, bmax) for j in range(len(maps))],
+            axis=1,
+        )
+        choice = np.argmin(costs, axis=1)
+    else:
+        choice = np.zeros(t, dtype=np.int64)
+    order = None
+    if (choice == 0).all():
+        ranks = idx  # identity ranks of sorted indices are sorted
+    else:
+        ranks = tables[np.repeat(choice, n_t)[:, None], idx]
+        key = np.sort(ranks * k + np.arange(k), axis=1)
+        ranks, order = key // k, key % k
+    gaps = _gaps(ranks)
+    fallback = _estimates(gaps, seg_rows, t, bmax) >= n_t * k * bmax
+    if order is not None and fallback.any():
+        order[np.repeat(fallback, n_t)] = np.arange(k)
+    rank_map: list[RankMap | None] = [
+        RankMap.FALLBACK if fb else maps[c] for fb, c in zip(fallback.tolist(), choice.tolist(), strict=True)
+    ]
+    return rank_map, gaps, order
+
+
+def _code_group(g: CodingGroup) -> _Coded:
+    idx = np.asarray(g.idx, dtype=np.int64)
+    val = np.asarray(g.val, dtype=np.float32)
+    cn, vc, ic = g.chunk_numel, g.value_coding, g.index_coding
+    if idx.ndim != 2 or val.shape != idx.shape:
+        raise KernelError(f"idx {idx.shape} and val {val.shape} must both be (n_chunks, k)")
+    if len(g.rows) != len(g.tensor_ids) or any(r < 1 for r in g.rows) or sum(g.rows) != idx.shape[0]:
+        raise KernelError(f"rows {g.rows[:8]} do not split {idx.shape[0]} chunks among the tensors")
+    if any(t < 0 for t in g.tensor_ids):
+        raise KernelError("a tensor id < 0")
+    k = idx.shape[1]
+    if not 1 <= cn <= MAX_CHUNK_NUMEL:
+        raise KernelError(f"chunk_numel {cn} outside 1..{MAX_CHUNK_NUMEL}")
+    if not 1 <= k <= cn:
+        raise KernelError(f"need 1 <= k <= chunk_numel, got k = {k} for {cn}")
+    if int(idx.min()) < 0 or int(idx.max()) >= cn:
+        raise KernelError(f"indices must lie in [0, {cn})")
+    canon = None
+    if k > 1 and (np.diff(idx, axis=1) <= 0).any():
+        canon = np.argsort(idx, axis=1, kind="stable")
+        idx = np.take_along_axis(idx, canon, axis=1)
+        if (np.diff(idx, axis=1) == 0).any():
+            raise KernelError("an index repeats within a chunk")
+        val = np.take_along_axis(val, canon, axis=1)
+    start = np.concatenate([[0], np.cumsum(g.rows)]).astype(np.int64)
+    t = len(g.tensor_ids)
+    dense = k == cn
+    gaps, wire = None, None
+    if dense:
+        rank_map: list[RankMap | None] = [None] * t
+    elif ic == IndexCoding.FIXED:
+        rank_map = [None] * t
+    else:
+        rank_map, gaps, wire = _entropy(idx, cn, start)
+    wval = val if wire is None else np.take_along_axis(val, wire, axis=1)
+    coded, deq_wire = quantise(wval, vc)
+    if wire is None:
+        deq = deq_wire
+    else:
+        deq = np.empty_like(deq_wire)
+        np.put_along_axis(deq, wire, deq_wire, axis=1)
+    if canon is not None:
+        out = np.empty_like(deq)
+        np.put_along_axis(out, canon, deq, axis=1)
+        deq = out
+    n = idx.shape[0]
+    values = (
+        np.frombuffer(coded.data, dtype=np.uint8).reshape(n, -1) if coded.data else np.zeros((n, 0), np.uint8)
+    )
+    signs = None if coded.signs is None else coded.signs.reshape(n, k)
+    return _Coded(g, start, k, dense, rank_map, idx, gaps, values, signs, coded.scale_codes, deq)
+
+
+@dataclass
+class _Streams:
+    """A group's bucket-code fields for its ENTROPY rows, per element (internal)."""
+
+    fa: Part
+    fb: Part
+    ea: Part
+    eb: Part
+    mant: Part  # (n, k) interleaved: class A's mantissa then class B's
+
+
+def _class_elems(x: np.ndarray, b0: int, w: int, bmax: int) -> tuple[Part, Part, Part]:
+    """``class_parts`` with one field, one escape and one mantissa per symbol (width 0 where
+    ``class_parts`` writes none): pack_bits drops zero-width fields, so the bits are the same."""
+    if w == RICE:
+        q = x >> b0
+        return (
+            (np.zeros_like(x), np.zeros_like(x)),
+            unary_fields(q),
+            (x & ((1 << b0) - 1), np.full(x.size, b0)),
+        )
+    b = buckets_of(x)
+    place = np.empty(bmax + 1, dtype=np.int64)
+    place[centre_out(b0, bmax)] = np.arange(bmax + 1)
+    rho = place[b]
+    lim = (1 << w) - 1
+    field = (np.minimum(rho, lim), np.full(rho.size, w, dtype=np.int64))
+    esc = rho >= lim
+    q = np.where(esc, rho - lim, 0)
+    escape = (np.where(esc, (np.int64(1) << (q + 1)) - 2, 0), np.where(esc, q + 1, 0))
+    width = np.maximum(b - 1, 0)
+    return field, escape, (x & ((np.int64(1) << width) - 1), width)
+
+
+def _streams(c: _Coded, params: ClassParams) -> _Streams:
+    assert c.gaps is not None
+    n, k = c.gaps.shape
+    bmax = fixed_width(c.group.chunk_numel)
+    p = params
+    fa, ea, (va, wa) = _class_elems(c.gaps[:, 0], p.b0_a, p.w_a, bmax)
+    fb, eb, (vb, wb) = _class_elems(c.gaps[:, 1:].reshape(-1), p.b0_b, p.w_b, bmax)
+    mant_v = np.concatenate([va[:, None], vb.reshape(n, k - 1)], axis=1).reshape(-1)
+    mant_w = np.concatenate([wa[:, None], wb.reshape(n, k - 1)], axis=1).reshape(-1)
+    return _Streams(fa, fb, ea, eb, (mant_v, mant_w))
+
+
+def _cut(part: Part, a: int, b: int) -> Part:
+    return part[0][a:b], part[1][a:b]
+
+
+def encode_groups(groups: Sequence[CodingGroup]) -> tuple[bytes, list[np.ndarray]]:
+    """The payload of every tensor of ``groups`` (unique ids, any order), byte for byte what
+    ``encode_payload([encode_tensor(...) for each tensor])`` writes, and each group's dequantised
+    values ``(N, k)`` in its ``idx`` order (``encode_tensor``'s second result, stacked).
+
+    Raises KernelError as ``encode_tensor`` and ``encode_payload`` do (bad shapes, indices out of
+    range or repeated, NaN/Inf values, a repeated tensor id, more than 15 classes).
+    """
+    coded = [_code_group(g) for g in groups]
+    # (tensor id, group, member) in id order
+    members = sorted((tid, gi, j) for gi, c in enumerate(coded) for j, tid in enumerate(c.group.tensor_ids))
+    if any(a[0] == b[0] for a, b in itertools.pairwise(members)):
+        raise KernelError("a tensor id appears twice")
+    keys = []
+    for _, gi, _j in members:
+        c = coded[gi]
+        g = c.group
+        keys.append((int(g.value_coding) << 4 | int(g.index_coding), 0 if c.dense else c.k))
+    classes = list(dict.fromkeys(keys))
+    if len(classes) > MAX_CLASSES:
+        raise KernelError(f"{len(classes)} (codings, k) classes in one payload > {MAX_CLASSES}")
+    head = bytearray([PAYLOAD_VERSION]) + varint(len(members)) + varint(len(classes))
+    for codings, kk in classes:
+        head += bytes([codings]) + varint(kk)
+    ids = np.array([m[0] for m in members], dtype=np.int64)
+    parts: list[Part] = [unary_fields(np.diff(ids, prepend=-1) - 1)]
+    cw = (len(classes) - 1).bit_length()
+    parts.append((np.array([classes.index(key) for key in keys], dtype=np.int64), np.full(len(ids), cw)))
+    # Bucket-code parameters per chunk size of the ENTROPY tensors (``_group_params``).
+    ent = [(gi, j) for _, gi, j in members if _entropy_member(coded[gi])]
+    cns = sorted({coded[gi].group.chunk_numel for gi, _ in ent})
+    params: dict[int, ClassParams] = {}
+    for cn in cns:
+        rows = [(coded[gi], j) for gi, j in ent if coded[gi].group.chunk_numel == cn]
+        live = [(c, j) for c, j in rows if c.rank_map[j] is not RankMap.FALLBACK]
+        if not live:
+            params[cn] = ClassParams()
+            continue
+        gap_rows = [c.gaps[c.start[j] : c.start[j + 1]] for c, j in live]  # type: ignore[index]
+        bmax = fixed_width(cn)
+        b0a, wa = choose_params(np.concatenate([r[:, 0] for r in gap_rows]), bmax)
+        b0b, wb = choose_params(np.concatenate([r[:, 1:].reshape(-1) for r in gap_rows]), bmax)
+        params[cn] = ClassParams(b0a, wa, b0b, wb)
+    for cn in cns:
+        p = params[cn]
+        parts.append((np.array([p.b0_a, p.w_a, p.b0_b, p.w_b]), np.array([4, 3, 4, 3])))
+    codes = [
+        coded[gi].scale_codes[coded[gi].start[j] : coded[gi].start[j + 1]]  # type: ignore[index]
+        for _, gi, j in members
+        if coded[gi].scale_codes is not None
+    ]
+    scale_parts = _scale_parts_of(np.concatenate(codes)) if codes else []
+    parts += scale_parts[:1]
+    streams = {
+        gi: _streams(c, params[c.group.chunk_numel])
+        for gi, c in enumerate(coded)
+        if c.gaps is not None and any(m is not RankMap.FALLBACK for m in c.rank_map)
+    }
+    for _, gi, j in members:
+        c = coded[gi]
+        if c.dense:
+            continue
+        a, b = int(c.start[j]), int(c.start[j + 1])
+        rm = c.rank_map[j]
+        if rm is not None:
+            parts.append((np.array([int(rm)]), np.array([2])))
+        if rm is None or rm is RankMap.FALLBACK:
+            v = c.idx[a:b].reshape(-1)
+            parts.append((v, np.full(v.size, fixed_width(c.group.chunk_numel), dtype=np.int64)))
+            continue
+        s, k1 = streams[gi], c.k - 1
+        parts += [
+            _cut(s.fa, a, b),
+            _cut(s.fb, a * k1, b * k1),
+            _cut(s.ea, a, b),
+            _cut(s.eb, a * k1, b * k1),
+            _cut(s.mant, a * c.k, b * c.k),
+        ]
+    parts += scale_parts[1:]
+    widths = np.concatenate([p[1] for p in parts])
+    bits = pack_bits(np.concatenate([p[0] for p in parts]), widths)
+    signs = [
+        coded[gi].signs[coded[gi].start[j] : coded[gi].start[j + 1]].reshape(-1)  # type: ignore[index]
+        for _, gi, j in members
+        if coded[gi].signs is not None
+    ]
+    if signs:
+        bits = append_flags(bits, int(widths.sum()), np.concatenate(signs))
+    data = b"".join(
+        coded[gi].values[coded[gi].start[j] : coded[gi].start[j + 1]].tobytes()
+        for _, gi, j in members
+        if coded[gi].values.shape[1]
+    )
+    return bytes(head) + bits + data, [c.deq for c in coded]
+
+
+def _entropy_member(c: _Coded) -> bool:
+    return c.group.index_coding == IndexCoding.ENTROPY and not c.dense
+
+
+def encode_batch(
+    items: Sequence[tuple[int, np.ndarray, np.ndarray, int, ValueCoding, IndexCoding]],
+) -> tuple[bytes, list[np.ndarray]]:
+    """``encode_groups`` of per-tensor ``(tensor_id, idx, val, chunk_numel, value coding, index
+    coding)`` (``encode_tensor``'s arguments): tensors of one class are stacked into one group
+    (a copy). Returns the payload and each tensor's dequantised values, in ``items`` order."""
+    by: dict[tuple[int, int, ValueCoding, IndexCoding], list[int]] = {}
+    for i, (_tid, idx, _val, cn, vc, ic) in enumerate(items):
+        if np.ndim(idx) != 2:
+            raise KernelError(f"idx of shape {np.shape(idx)} must be (n_chunks, k)")
+        by.setdefault((cn, int(np.shape(idx)[1]), vc, ic), []).append(i)
+    groups, where = [], []
+    for (cn, _k, vc, ic), members in by.items():
+        groups.append(
+            CodingGroup(
+                tuple(items[i][0] for i in members),
+                tuple(int(np.shape(items[i][1])[0]) for i in members),
+                np.concatenate([np.asarray(items[i][1], dtype=np.int64) for i in members]),
+                np.concatenate([np.asarray(items[i][2], dtype=np.float32) for i in members]),
+                cn,
+                vc,
+                ic,
+            )
+        )
+        where.append(members)
+    payload, deqs = encode_groups(groups)
+    out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(items)
+    for members, g, deq in zip(where, groups, deqs, strict=True):
+        row = 0
+        for i, n in zip(members, g.rows, strict=True):
+            out[i] = deq[row : row + n]
+            row += n
+    return payload, out

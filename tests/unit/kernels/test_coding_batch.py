@@ -1,0 +1,114 @@
+"""``coding_batch.encode_groups`` writes the bytes of ``encode_tensor`` + ``encode_payload``.
+
+The batched encoder codes every tensor of one class in one pass; the per-tensor encoder is the
+oracle. Random payloads mix every value and index coding, chunk sizes with and without a square
+side (so ENTROPY's three rank maps and its fixed-width fallback all occur), dense tensors,
+unsorted indices, zero chunks and tiny and large scales; errors must be raised for the same
+inputs with the same type.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from distronet.kernels.coding import IndexCoding, ValueCoding, decode_payload, encode_payload, encode_tensor
+from distronet.kernels.coding_batch import CodingGroup, encode_batch, encode_groups
+from distronet.kernels.coding_index import RankMap, encode_indices
+from distronet.protocol.errors import KernelError
+
+Item = tuple[int, np.ndarray, np.ndarray, int, ValueCoding, IndexCoding]
+
+
+def _items(rng: np.random.Generator) -> list[Item]:
+    items = []
+    for tid in rng.choice(40, size=int(rng.integers(1, 12)), replace=False):
+        cn = int(rng.choice([1, 2, 3, 7, 16, 64, 100, 256, 4096]))
+        k = cn if rng.random() < 0.3 else min(int(rng.choice([1, 2, 4, 8, 32])), cn)
+        n = int(rng.integers(1, 700))
+        kind = rng.integers(3)
+        if kind == 1:  # low frequencies favoured, as a DCT's top-k
+            w = np.exp(-np.arange(cn) / max(1.0, cn / 8))
+            idx = np.sort(np.argsort(-rng.random((n, cn)) * w, axis=1)[:, :k], axis=1)
+        else:
+            idx = np.argsort(rng.random((n, cn)), axis=1)[:, :k]
+            if kind == 0:
+                idx = np.sort(idx, axis=1)
+        val = (rng.standard_normal((n, k)) * 10.0 ** rng.integers(-6, 3)).astype(np.float32)
+        if rng.random() < 0.2:
+            val[: int(rng.integers(1, n + 1))] = 0.0
+        vc = list(ValueCoding)[int(rng.integers(len(ValueCoding)))]
+        ic = list(IndexCoding)[int(rng.integers(len(IndexCoding)))]
+        items.append((int(tid), idx, val, cn, vc, ic))
+    return items
+
+
+def test_batched_payloads_equal_per_tensor_ones() -> None:
+    rng = np.random.default_rng(0)
+    maps: Counter[RankMap | None] = Counter()
+    checked = 0
+    for _ in range(80):
+        items = _items(rng)
+        try:
+            coded = [encode_tensor(*it) for it in items]
+            want = encode_payload([c for c, _ in coded])
+        except KernelError:  # e.g. more than 15 classes: the batched encoder refuses it too
+            with pytest.raises(KernelError):
+                encode_batch(items)
+            continue
+        got, deq = encode_batch(items)
+        assert got == want
+        for (_, d_want), d_got in zip(coded, deq, strict=True):
+            assert np.array_equal(d_got, d_want)
+        for _tid, idx, _, cn, _, ic in items:
+            if ic == IndexCoding.ENTROPY and idx.shape[1] < cn:
+                code, _ = encode_indices(np.sort(idx, axis=1), cn, ic)
+                assert code is not None
+                maps[code.rank_map] += 1
+        checked += 1
+    assert checked >= 50
+    assert all(maps[m] >= 5 for m in RankMap), maps  # every rank map and the fallback were met
+
+
+def test_groups_decode_to_what_was_sent() -> None:
+    rng = np.random.default_rng(1)
+    idx = np.sort(np.argsort(rng.random((30, 64)), axis=1)[:, :4], axis=1)
+    val = rng.standard_normal((30, 4)).astype(np.float32)
+    g = CodingGroup((3, 0, 7), (10, 15, 5), idx, val, 64, ValueCoding.INT8, IndexCoding.ENTROPY)
+    payload, (deq,) = encode_groups([g])
+    flat = decode_payload(payload, [(15, 64), (1, 64), (1, 64), (10, 64), (1, 64), (1, 64), (1, 64), (5, 64)])
+    got = {t.tensor_id: t for t in flat.tensors()}
+    for tid, a, b in ((3, 0, 10), (0, 10, 25), (7, 25, 30)):
+        assert np.array_equal(got[tid].idx, idx[a:b]) and np.array_equal(got[tid].val, deq[a:b])
+
+
+@pytest.mark.parametrize(
+    "rows, ids, idx, err",
+    [
+        ((2,), (0,), [[0, 1], [1, 1]], "repeats"),
+        ((1,), (0,), [[0, 64]], "lie in"),
+        ((1, 2), (0, 1), [[0, 1], [2, 3]], "split"),
+        ((1,), (-1,), [[0, 1]], "id"),
+    ],
+)
+def test_bad_groups_are_refused(
+    rows: tuple[int, ...], ids: tuple[int, ...], idx: list[list[int]], err: str
+) -> None:
+    i = np.array(idx, dtype=np.int64)
+    g = CodingGroup(ids, rows, i, np.ones(i.shape, np.float32), 64, ValueCoding.FP32, IndexCoding.FIXED)
+    with pytest.raises(KernelError, match=err):
+        encode_groups([g])
+
+
+def test_a_repeated_id_and_non_finite_values_are_refused() -> None:
+    i = np.array([[0, 1]], dtype=np.int64)
+    one = CodingGroup((0,), (1,), i, np.ones((1, 2), np.float32), 64, ValueCoding.FP32, IndexCoding.FIXED)
+    with pytest.raises(KernelError, match="twice"):
+        encode_groups([one, one])
+    nan = CodingGroup(
+        (0,), (1,), i, np.array([[1.0, np.nan]], np.float32), 64, ValueCoding.INT8, IndexCoding.FIXED
+    )
+    with pytest.raises(KernelError, match="NaN"):
+        encode_groups([nan])

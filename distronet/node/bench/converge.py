@@ -5,9 +5,15 @@ configurations) from the same initial weights, on the same tokens in the same or
 prints the validation loss on the same held-out windows, the upload per peer per step as on
 the wire and its ratio to a fp32 ring all-reduce, the lr of each row and its seconds.
 
+``--model gpt`` (the default) trains the built-in GPT on the code corpus (bytes); ``--model
+llama`` a Llama-architecture Hugging Face model (``arch = "hf"``, 6x the GPT's parameters) on
+the English corpus (Debian's ``fortunes``) with a 4,096-token BPE trained by ``data prepare``'s
+code, cached in ``--work-dir``; its rows use the GPT's defaults unchanged.
+
 ``--sweep`` runs each row's lr grid (the same number of runs for every row), prints the grid
 and records the winners in ``converge_defaults.json``, which later runs use as defaults
-(``--quick`` sweeps are never recorded). Rows run in ``--jobs`` worker processes of
+(``--quick`` sweeps are never recorded; a Llama sweep is recorded apart and changes no
+default). Rows run in ``--jobs`` worker processes of
 ``--threads`` torch threads each; a row's result does not depend on which worker ran it.
 """
 
@@ -20,9 +26,17 @@ import multiprocessing
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distronet.node.bench.converge_rows import ROWS, RowSpec, default_lrs, resolve_rows, write_defaults
+from distronet.node.bench.converge_rows import (
+    ROWS,
+    RowSpec,
+    default_lrs,
+    resolve_rows,
+    sweep_grid,
+    write_defaults,
+)
 from distronet.node.exitcodes import ExitCode
 from distronet.protocol.errors import DistroError
 
@@ -88,9 +102,11 @@ def format_table(rows: Sequence[RowResult], setting: BenchSetting) -> str:
 
     base = next((r.val_loss for r in rows if r.config == "adamw"), None)
     ring = ring_allreduce_bytes(rows[0].parameters, setting.peers) if rows else 0.0
+    shape = setting.llama
+    what = "GPT" if shape is None else f"Llama (vocab {shape.vocab} BPE)"
     lines = [
         f"{setting.peers} peers, {setting.steps} steps, batch {setting.batch}x{setting.seq_len} per peer, "
-        f"GPT {rows[0].parameters if rows else 0:,} parameters; "
+        f"{what} {rows[0].parameters if rows else 0:,} parameters; "
         f"fp32 ring all-reduce = {ring:,.0f} B/peer/step",
         "",
         "| config | lr | val loss | vs AdamW | upload B/peer/step | x less than ring "
@@ -122,15 +138,22 @@ def _sweep_table(results: Sequence[RowResult]) -> str:
 
 
 def _setting(args: argparse.Namespace) -> BenchSetting:
-    from distronet.node.bench.converge_train import QUICK, STANDARD
+    from distronet.node.bench.converge_train import LLAMA, QUICK, QUICK_LLAMA, STANDARD
 
-    base = QUICK if args.quick else STANDARD
-    changes = {k: v for k, v in (("peers", args.peers), ("steps", args.steps), ("batch", args.batch)) if v}
+    if args.model == "llama":
+        base = QUICK_LLAMA if args.quick else LLAMA
+    else:
+        base = QUICK if args.quick else STANDARD
+    changes: dict[str, Any] = {
+        k: v for k, v in (("peers", args.peers), ("steps", args.steps), ("batch", args.batch)) if v
+    }
     if args.seq_len:
         changes["seq_len"] = args.seq_len
+    if args.work_dir:
+        changes["work_dir"] = str(args.work_dir)
     s = dataclasses.replace(base, **changes)
-    if s.peers < 1 or s.steps < 1 or s.batch < 1 or not 1 <= s.seq_len <= s.model.context:
-        raise DistroError(f"need peers, steps, batch >= 1 and 1 <= seq-len <= {s.model.context}")
+    if s.peers < 1 or s.steps < 1 or s.batch < 1 or not 1 <= s.seq_len <= s.context:
+        raise DistroError(f"need peers, steps, batch >= 1 and 1 <= seq-len <= {s.context}")
     return s
 
 
@@ -170,8 +193,16 @@ def _run(args: argparse.Namespace) -> int:
     except DistroError as exc:
         print(f"distro-node bench converge: {exc}", file=sys.stderr)
         return int(ExitCode.USAGE)
+    if setting.llama is not None:
+        try:  # train the BPE and encode once, here, before the workers read the cache
+            from distronet.node.bench.converge_llama import english_tokens
+
+            english_tokens(setting.llama.vocab, setting.cache_dir())
+        except DistroError as exc:
+            print(f"distro-node bench converge: {exc}", file=sys.stderr)
+            return int(ExitCode.ERROR)
     if args.sweep:
-        jobs = [(s.name, lr) for s in specs for lr in s.lr_grid]
+        jobs = [(s.name, lr) for s in specs for lr in sweep_grid(s, setting.model_name, lrs[s.name])]
     else:
         jobs = [(s.name, lrs[s.name]) for s in specs]
     workers = max(1, min(args.jobs, len(jobs)))
@@ -184,7 +215,8 @@ def _run(args: argparse.Namespace) -> int:
         rows = [winners[s.name] for s in specs]
         if not args.quick:
             table = {s.name: {f"{r.lr:g}": r.val_loss for r in results if r.config == s.name} for s in specs}
-            write_defaults({n: r.lr for n, r in winners.items()}, table, setting.to_json())
+            won = {n: r.lr for n, r in winners.items()}
+            write_defaults(won, table, setting.to_json(), model=setting.model_name)
     if args.json:
         objs = [{**r.to_json(), "winner": r in rows} if args.sweep else r.to_json() for r in results]
         print(json.dumps(objs, indent=1))
@@ -203,8 +235,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument(
+        "--model",
+        choices=["gpt", "llama"],
+        default="gpt",
+        help="gpt: the built-in GPT on the code corpus (default); llama: a 5.3M-parameter Llama on English",
+    )
+    p.add_argument(
+        "--work-dir",
+        type=Path,
+        default=None,
+        help="where --model llama caches its BPE and tokens (default ~/.cache/distro-node/bench-converge)",
+    )
     p.add_argument("--peers", type=int, default=0, help="simulated peers (default 4; --quick 2)")
-    p.add_argument("--steps", type=int, default=0, help="training steps (default 600; --quick 40)")
+    p.add_argument(
+        "--steps", type=int, default=0, help="training steps (default 600, llama 300; --quick 40, llama 20)"
+    )
     p.add_argument("--batch", type=int, default=0, help="windows per peer per step (default 4)")
     p.add_argument("--seq-len", type=int, default=0, help="tokens per window (default 128; --quick 64)")
     p.add_argument("--configs", nargs="+", metavar="NAME", help=f"rows to run (known: {', '.join(ROWS)})")

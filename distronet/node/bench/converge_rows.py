@@ -6,7 +6,11 @@ exact all-reduce of the gradients); the others are ``DistroOptimizer`` presets (
 in ``ROWS``. Every row gets the same sweep budget (``len(lr_grid)`` runs, equal for all rows).
 
 The learning rate of a row defaults to the winner recorded by the last ``--sweep`` in
-``converge_defaults.json`` beside this module (committed), else to ``fallback_lr``.
+``converge_defaults.json`` beside this module (committed), else to ``fallback_lr``. Those
+defaults are chosen on the built-in GPT and used unchanged for ``--model llama``: a ``--sweep``
+there tries ``LLAMA_GRID_FACTORS`` times each row's default and records the grid under the
+document's ``"llama"`` key (its own setting, grid and winners), never as a default, so the
+table of ``--model llama`` is what the GPT's settings give on another model.
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ from distronet.protocol.errors import ConfigError
 __all__ = [
     "DEFAULTS_PATH",
     "DEFAULT_ROWS",
+    "LLAMA_GRID_FACTORS",
     "ROWS",
     "RowSpec",
     "default_lrs",
     "read_defaults",
     "resolve_rows",
+    "sweep_grid",
     "write_defaults",
 ]
 
@@ -69,6 +75,16 @@ ROWS: dict[str, RowSpec] = {
     )
 }
 DEFAULT_ROWS: tuple[str, ...] = ("adamw", "demo-ref", "ours-k32", "ours-k4-1bit")
+LLAMA_GRID_FACTORS: tuple[float, ...] = (0.5, 1.0, 2.0)
+"""``--model llama --sweep``: each row's default lr times these (the same budget for every row)."""
+
+
+def sweep_grid(spec: RowSpec, model: str, default_lr: float) -> tuple[float, ...]:
+    """The lrs ``--sweep`` tries for ``spec``: its ``lr_grid`` on the GPT, ``LLAMA_GRID_FACTORS``
+    times ``default_lr`` (the GPT's winner) on the Llama."""
+    if model == "gpt":
+        return spec.lr_grid
+    return tuple(float(f"{default_lr * f:.6g}") for f in LLAMA_GRID_FACTORS)
 
 
 def resolve_rows(names: list[str] | None) -> list[RowSpec]:
@@ -105,12 +121,23 @@ def write_defaults(
     table: dict[str, dict[str, float]],
     setting: dict[str, Any],
     path: Path = DEFAULTS_PATH,
+    model: str = "gpt",
 ) -> None:
-    """Record sweep winners (merged over earlier ones) with the full grid results and the setting."""
+    """Record sweep winners (merged over earlier ones) with the full grid results and the setting.
+
+    ``model`` "gpt": the winners become the rows' defaults; else the sweep goes under
+    ``doc[model]`` (``setting``, ``winner``, ``sweep``) and the defaults stay."""
     doc = read_defaults(path)
+    if model != "gpt":
+        sub = doc.get(model) if isinstance(doc.get(model), dict) else {}
+        won = {**(sub.get("winner") or {}), **winners}
+        grid = {**(sub.get("sweep") or {}), **table}
+        doc[model] = {"setting": setting, "winner": won, "sweep": grid}
+        path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        return
     lr = dict(doc.get("lr", {})) if isinstance(doc.get("lr"), dict) else {}
     lr.update(winners)
     sweeps = dict(doc.get("sweep", {})) if isinstance(doc.get("sweep"), dict) else {}
     sweeps.update(table)
-    out = {"setting": setting, "lr": lr, "sweep": sweeps}
+    out = {**doc, "setting": setting, "lr": lr, "sweep": sweeps}
     path.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n", encoding="utf-8")

@@ -5,13 +5,31 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from distronet.node.bench.converge_rows import ROWS, default_lrs, resolve_rows, write_defaults
-from distronet.node.bench.converge_train import QUICK, make_data, ring_allreduce_bytes, run_row, scheduled_lr
+from distronet.node.bench.converge_rows import (
+    LLAMA_GRID_FACTORS,
+    ROWS,
+    default_lrs,
+    resolve_rows,
+    sweep_grid,
+    write_defaults,
+)
+from distronet.node.bench.converge_train import (
+    QUICK,
+    QUICK_LLAMA,
+    BenchSetting,
+    make_data,
+    ring_allreduce_bytes,
+    run_row,
+    scheduled_lr,
+)
+from distronet.node.models.gpt import GPT
 from distronet.protocol.errors import ConfigError
 
 
@@ -67,3 +85,78 @@ def test_set_overrides_parse_json_values_and_refuse_adamw() -> None:
     for bad in ("adamw.lr=1", "ours-k32=3", "nope.k=1"):
         with pytest.raises(DistroError):
             _field_overrides([bad])
+
+
+def test_llama_sweep_is_recorded_apart_and_changes_no_default(tmp_path: Path) -> None:
+    path = tmp_path / "d.json"
+    write_defaults({"adamw": 0.004}, {"adamw": {"0.004": 2.0}}, {"steps": 600}, path)
+    write_defaults({"adamw": 0.008}, {"adamw": {"0.008": 5.0}}, {"steps": 300}, path, model="llama")
+    doc = json.loads(path.read_text())
+    assert default_lrs(path)["adamw"] == 0.004
+    assert doc["llama"] == {
+        "setting": {"steps": 300},
+        "winner": {"adamw": 0.008},
+        "sweep": {"adamw": {"0.008": 5.0}},
+    }
+    assert doc["sweep"]["adamw"] == {"0.004": 2.0} and doc["setting"] == {"steps": 600}
+    write_defaults({"ours-k32": 0.002}, {}, {"steps": 600}, path)  # a GPT sweep keeps the llama record
+    assert json.loads(path.read_text())["llama"]["winner"] == {"adamw": 0.008}
+    spec = ROWS["ours-k32"]
+    assert sweep_grid(spec, "gpt", 0.004) == spec.lr_grid
+    assert sweep_grid(spec, "llama", 0.004) == tuple(0.004 * f for f in LLAMA_GRID_FACTORS)
+
+
+def test_missing_fortunes_names_the_package(tmp_path: Path) -> None:
+    from distronet.node.bench.converge_llama import english_tokens
+    from distronet.node.data.errors import CorpusError
+
+    with pytest.raises(CorpusError, match="apt-get install fortunes"):
+        english_tokens(512, tmp_path / "work", folder=tmp_path / "no-fortunes")
+
+
+@pytest.fixture(scope="module")
+def llama_quick(tmp_path_factory: pytest.TempPathFactory) -> BenchSetting:
+    pytest.importorskip("transformers")
+    pytest.importorskip("tokenizers")
+    from distronet.node.data.english import ENGLISH_DIR
+
+    if not ENGLISH_DIR.is_dir():
+        pytest.skip("Debian's fortunes is not installed (apt-get install fortunes)")
+    work = tmp_path_factory.mktemp("converge-llama")
+    return dataclasses.replace(QUICK_LLAMA, steps=4, warmup_steps=1, eval_windows=8, work_dir=str(work))
+
+
+def test_llama_tokens_are_a_cached_bpe(llama_quick: BenchSetting, monkeypatch: pytest.MonkeyPatch) -> None:
+    from distronet.node.bench import converge_llama
+
+    assert llama_quick.llama is not None
+    vocab = llama_quick.llama.vocab
+    first = converge_llama.english_tokens(vocab, llama_quick.cache_dir())
+    assert first.train.dtype == np.uint16 and first.vocab_size == vocab
+    assert int(first.train.max()) < vocab and first.val.size > 1000
+    assert (first.folder / "tokenizer.json").is_file()
+    assert first.train.size < 0.6 * 2_000_000  # a BPE: far fewer tokens than the fortunes' bytes
+
+    def no_training(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the cached tokens were tokenized again")
+
+    monkeypatch.setattr(converge_llama, "prepare_builtin_tokenized", no_training)
+    again = converge_llama.english_tokens(vocab, llama_quick.cache_dir())
+    assert again.digest == first.digest and np.array_equal(again.train, first.train)
+
+
+def test_llama_rows_carry_the_model_and_are_deterministic(llama_quick: BenchSetting) -> None:
+    assert llama_quick.llama is not None
+    data = make_data(llama_quick)
+    for name, lr in (("adamw", 3e-3), ("ours-k4-1bit", 6e-3)):
+        a = run_row(ROWS[name], lr, llama_quick, data)
+        b = run_row(ROWS[name], lr, llama_quick, data)
+        assert a.val_loss == b.val_loss and a.train_loss == b.train_loss, name
+        assert a.upload_bytes_per_step == b.upload_bytes_per_step
+        row = a.to_json()
+        assert row["model"] == "llama" and row["config"] == name
+        assert row["parameters"] == llama_quick.llama.parameters() == 42_080
+        assert row["replicas_identical"]
+        assert a.val_loss < math.log(llama_quick.llama.vocab)  # learned something in 4 steps
+    gpt = run_row(ROWS["adamw"], 3e-3, dataclasses.replace(QUICK, peers=1, steps=1, eval_windows=2))
+    assert gpt.model == "gpt" and gpt.parameters == GPT(QUICK.model).num_parameters()

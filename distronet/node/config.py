@@ -46,6 +46,7 @@ __all__ = [
 ENV_PREFIX = "DISTRO_"
 DEVICES = ("auto", "cuda", "mps", "mlx", "cpu")
 EVENT_LOOPS = ("uvloop", "asyncio")
+PRECISIONS = ("auto", "fp32", "bf16")  # backends.base.PRECISIONS (this module does not import torch)
 
 
 def _f(default: Any, help: str) -> Any:
@@ -103,10 +104,26 @@ class TrainConfig:
         "(fewer only when fewer were asked); docs/decisions/state-quorum.md",
     )
 
+    micro_batch: int = _f(
+        0,
+        "windows per forward/backward pass, gradients accumulated over the step's batch (same "
+        "tokens a step, less memory; 0: the run's model.micro_batch, else the whole batch)",
+    )
+    activation_checkpointing: bool = _f(
+        False, "recompute activations in backward (less memory, ~1/3 more compute; on if the run asks)"
+    )
+    precision: str = _f("auto", "auto (bf16 autocast on CUDA, fp32 elsewhere) | fp32 | bf16 (CUDA only)")
+    fit_check: bool = _f(
+        True, "before downloading anything, refuse a run whose model does not fit this device's memory"
+    )
+
     def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.device not in DEVICES:
             raise ConfigError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
-        for name in ("max_steps", "checkpoint_every", "threads", "drift_every", "omp_spincount"):
+        counts = ("max_steps", "checkpoint_every", "threads", "drift_every", "omp_spincount", "micro_batch")
+        for name in counts:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.state_quorum < 1:

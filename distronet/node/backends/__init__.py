@@ -40,17 +40,21 @@ def mlx_import_error() -> str | None:
     return None
 
 
-def pick_backend(name: str) -> ComputeBackend:
-    """The backend for ``--device name`` (module docstring). Raises ``ConfigError`` if it is absent."""
+def pick_backend(name: str, precision: str = "auto") -> ComputeBackend:
+    """The backend for ``--device name`` (module docstring), computing in ``precision`` where it
+    is torch's (``base.resolve_precision``: bf16 autocast on CUDA, fp32 elsewhere; MLX: fp32).
+    Raises ``ConfigError`` if the device is absent or the precision is not for it."""
     if name == "auto":
         if torch.cuda.is_available():
-            return TorchBackend(torch.device("cuda"))
+            return TorchBackend(torch.device("cuda"), precision)
         if torch.backends.mps.is_available():
-            return TorchBackend(torch.device("mps"))
+            return TorchBackend(torch.device("mps"), precision)
         if sys.platform == "darwin" and mlx_import_error() is None:
             return _mlx_backend()
-        return TorchBackend(torch.device("cpu"))
+        return TorchBackend(torch.device("cpu"), precision)
     if name == "mlx":
+        if precision == "bf16":
+            raise ConfigError("--device mlx trains in fp32: precision bf16 is for CUDA devices")
         why = mlx_import_error()
         if why is not None:
             raise ConfigError(f"--device mlx: MLX is not installed here ({why}); {MLX_HINT}")
@@ -61,7 +65,7 @@ def pick_backend(name: str) -> ComputeBackend:
         raise ConfigError("--device mps: MPS is not available on this machine")
     if name not in ("cuda", "mps", "cpu"):
         raise ConfigError(f"unknown device {name!r}: use auto, cuda, mps, mlx or cpu")
-    return TorchBackend(torch.device(name))
+    return TorchBackend(torch.device(name), precision)
 
 
 def _mlx_backend() -> ComputeBackend:

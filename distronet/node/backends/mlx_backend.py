@@ -44,6 +44,7 @@ class MLXBackend(ComputeBackend):
     """
 
     name = "mlx"
+    checkpointing = False  # no activation checkpointing in the MLX twins: refused (models.build)
 
     def __init__(self) -> None:
         self.device = torch.device("cpu")

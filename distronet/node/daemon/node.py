@@ -256,7 +256,7 @@ class Node:
         from distronet.node.backends import pick_backend  # imports torch: loaded by now
 
         try:
-            return pick_backend(self.cfg.train.device)
+            return pick_backend(self.cfg.train.device, self.cfg.train.precision)
         except ConfigError as e:
             raise NodeError(str(e), ExitCode.USAGE) from e
 

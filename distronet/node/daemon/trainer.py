@@ -91,8 +91,14 @@ class Trainer:
 
     ``optimizer`` is any ``torch.optim.Optimizer``; with a ``DistroOptimizer`` the ``step`` call
     blocks on the exchange (that time is reported as ``exchange_s``). ``backend`` computes the
-    loss and gradients (``backends.pick_backend``); a bare ``torch.device`` means torch on it.
+    loss and gradients (``backends.pick_backend``); a bare ``torch.device`` means torch on it in
+    fp32 (the node's own backend takes bf16 autocast on CUDA: ``TorchBackend``).
     ``model`` must already be on ``backend.device``.
+
+    ``micro_batch`` (0: off) splits a step's windows into forward/backward passes of at most that
+    many, each pass's loss weighted by its share of the windows, so the gradients accumulated in
+    ``.grad`` and the loss reported are the whole batch's mean (equal up to float rounding): a
+    run's tokens per step do not depend on what one card holds.
     """
 
     def __init__(
@@ -101,25 +107,40 @@ class Trainer:
         optimizer: torch.optim.Optimizer,
         batches: BatchSource,
         backend: ComputeBackend | torch.device,
+        micro_batch: int = 0,
     ) -> None:
+        if micro_batch < 0:
+            raise ValueError(f"micro_batch must be >= 0, got {micro_batch}")
         self.model, self.optimizer, self.batches = model, optimizer, batches
-        self.backend = backend if isinstance(backend, ComputeBackend) else TorchBackend(backend)
+        self.backend = backend if isinstance(backend, ComputeBackend) else TorchBackend(backend, "fp32")
         self.device = self.backend.device
+        self.micro_batch = micro_batch
 
     def step(self, step: int) -> StepResult:
         """Train on the batch of ``step``. Raises what the optimizer raises (e.g. ``PeerDead``)."""
         t0, c0 = time.perf_counter(), time.thread_time()
         x, y = self.batches(step)
-        xt = torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
-        yt = torch.from_numpy(np.ascontiguousarray(y)).to(self.device)
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.backend.loss(self.model, xt, yt)
-        loss.backward()
-        value = float(loss.detach())
+        value = self.accumulate(x, y)
         t1, c1 = time.perf_counter(), time.thread_time()
         self.optimizer.step()
         t2, c2 = time.perf_counter(), time.thread_time()
         return StepResult(step, value, t1 - t0, t2 - t1, c2 - c0, c2 - c1)
+
+    def accumulate(self, x: np.ndarray, y: np.ndarray) -> float:
+        """Add the gradient of the mean loss on windows ``x`` → ``y`` to ``.grad``, in passes of at
+        most ``micro_batch`` windows (class docstring); return that mean loss."""
+        rows = int(x.shape[0])
+        mb = self.micro_batch or rows
+        value = 0.0
+        for start in range(0, rows, mb):
+            xt = torch.from_numpy(np.ascontiguousarray(x[start : start + mb])).to(self.device)
+            yt = torch.from_numpy(np.ascontiguousarray(y[start : start + mb])).to(self.device)
+            loss = self.backend.loss(self.model, xt, yt)
+            share = xt.shape[0] / rows
+            (loss * share if share != 1.0 else loss).backward()
+            value += float(loss.detach()) * share
+        return value
 
     def digest(self) -> str:
         """:func:`replica_digest` of this trainer's model and optimizer."""

@@ -26,11 +26,12 @@ from distronet.node.daemon.trainer import BatchSource, Trainer
 from distronet.node.data.batch_share import SharedFeed
 from distronet.node.exchange.swarm import AsyncSwarmExchange, packet_check
 from distronet.node.exchange.sync import SwarmExchange
-from distronet.node.models.build import build_model
+from distronet.node.models.build import build_model, set_checkpointing
 from distronet.node.models.spec import ModelSpec
 from distronet.node.optim.config import DistroConfig
 from distronet.node.optim.distro import DistroOptimizer
 from distronet.node.optim.roles import tensor_roles
+from distronet.protocol.errors import ConfigError
 from distronet.protocol.identity import Identity
 
 __all__ = ["CHECKPOINT_FILE", "Training", "build_training", "save"]
@@ -67,6 +68,11 @@ def build_training(
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     model = build_model(spec, backend.device)
+    if spec.checkpointing or cfg.train.activation_checkpointing:
+        if not backend.checkpointing:
+            raise ConfigError(f"activation checkpointing is not available on --device {backend.name}; "
+                              "use a smaller micro_batch instead")  # fmt: skip
+        set_checkpointing(model)
     exchange = SwarmExchange(core, asyncio.get_running_loop())
     roles = tensor_roles(model)  # from the model's structure: the same on every replica, MLX ones too
 
@@ -85,7 +91,7 @@ def build_training(
     # node's share of it among those peers (the same set on every replica), so survivors take
     # over a dead peer's
     batches: BatchSource = SharedFeed(feed.draw, spec.global_batch, live) if spec.global_batch else feed
-    trainer = Trainer(model, optimizer, batches, backend)
+    trainer = Trainer(model, optimizer, batches, backend, spec.micro_batch_for(cfg.train.micro_batch))
     replica = Replica(trainer, optimizer, fresh_optimizer)
     path = cfg.data_path / CHECKPOINT_FILE
     ckpt = load_checkpoint(path, run_id=cfg.run_id)

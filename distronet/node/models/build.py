@@ -10,8 +10,9 @@ from torch import Tensor, nn
 from distronet.node.models.gpt import GPT
 from distronet.node.models.hf import build_hf_model, causal_lm_loss
 from distronet.node.models.spec import ModelSpec
+from distronet.protocol.errors import ConfigError
 
-__all__ = ["build_model", "model_loss"]
+__all__ = ["build_model", "model_loss", "set_checkpointing"]
 
 
 def build_model(spec: ModelSpec, device: torch.device) -> nn.Module:
@@ -21,6 +22,27 @@ def build_model(spec: ModelSpec, device: torch.device) -> nn.Module:
     if spec.gpt is not None:
         return GPT(spec.gpt, seed=spec.seed).to(device)
     return build_hf_model(spec, device)
+
+
+def set_checkpointing(model: nn.Module, on: bool = True) -> None:
+    """Turn activation checkpointing on (or off) for ``model``: the built-in GPT recomputes each
+    block in the backward pass (``torch.utils.checkpoint``, non-reentrant), a Hugging Face model
+    through its own ``gradient_checkpointing_enable``. The loss and gradients are unchanged; the
+    activations kept fall to each block's input. Raises ``ConfigError`` for a model without it."""
+    if isinstance(model, GPT):
+        model.checkpointing = on
+        return
+    # transformers 5.x names it activation_checkpointing_* (the gradient_* names are deprecated)
+    prefix = "activation" if hasattr(model, "activation_checkpointing_enable") else "gradient"
+    enable = getattr(model, f"{prefix}_checkpointing_enable", None)
+    disable = getattr(model, f"{prefix}_checkpointing_disable", None)
+    supported = getattr(model, "supports_gradient_checkpointing", False)
+    if not callable(enable) or not callable(disable) or not supported:
+        raise ConfigError(f"activation checkpointing: {type(model).__name__} does not support it")
+    if on:
+        enable(**{f"{prefix}_checkpointing_kwargs": {"use_reentrant": False}})
+    else:
+        disable()
 
 
 def model_loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:

@@ -16,6 +16,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from distronet.node.models.spec import GPTConfig
@@ -89,6 +90,7 @@ class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig, seed: int = 0) -> None:
         super().__init__()
         self.cfg = cfg
+        self.checkpointing = False  # recompute each block's activations in backward (training only)
         # torch's default initialisers draw from the global RNG; fork it so building a model
         # leaves the caller's random stream untouched (our own init below uses its own generator)
         with torch.random.fork_rng(devices=[]):
@@ -134,8 +136,12 @@ class GPT(nn.Module):
             raise ConfigError(f"sequence of {t} tokens is longer than the model's context {self.cfg.context}")
         pos = torch.arange(t, device=idx.device)  # (T,)
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C) + (T, C) broadcast
+        recompute = self.checkpointing and self.training and torch.is_grad_enabled()
         for block in self.blocks:
-            x = block(x)  # (B, T, C)
+            if recompute:  # keep only the block's input; its activations are recomputed in backward
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)  # (B, T, C)
         logits: Tensor = self.lm_head(self.ln_f(x))  # (B, T, V)
         return logits
 

@@ -177,6 +177,11 @@ class ModelSpec:
     ``global_batch`` (0: off) keeps the run's windows per step constant instead: each node
     trains on its share of it among the last round's accepted peers (``node.batch_share``), so
     when peers die the survivors take over their share.
+    ``micro_batch`` (0: the whole batch in one pass) splits each step's windows into passes of at
+    most that many, their gradients accumulated (``Trainer``): the step's tokens stay the run's
+    whatever one card holds; a node may ask for smaller passes (``train.micro_batch``).
+    ``checkpointing`` recomputes each block's activations in the backward pass instead of keeping
+    them (less memory, about a third more compute); a node may turn it on for itself too.
     """
 
     gpt: GPTConfig | None
@@ -185,6 +190,8 @@ class ModelSpec:
     seq_len: int = 64
     global_batch: int = 0
     hf_json: str | None = None
+    micro_batch: int = 0
+    checkpointing: bool = False
 
     def __post_init__(self) -> None:
         if (self.gpt is None) == (self.hf_json is None):
@@ -229,7 +236,7 @@ class ModelSpec:
         if arch != "gpt":
             raise ConfigError(f"run model: arch must be 'gpt' or 'hf', the run asks for {arch!r}")
         gpt_fields = {f.name for f in dataclasses.fields(GPTConfig)}
-        own = {"arch", "seed", "batch", "seq_len", "preset", "global_batch"}
+        own = {"arch", "seed", "batch", "seq_len", "preset", "global_batch", *_MEMORY_KEYS}
         unknown = sorted(set(model) - gpt_fields - own)
         if unknown:
             raise ConfigError(f"run model: unknown key(s) {', '.join(unknown)}")
@@ -241,6 +248,7 @@ class ModelSpec:
                 int(model.get("batch", 8)),
                 int(model.get("seq_len", 64)),
                 int(model.get("global_batch", 0)),
+                **_memory_options(model),
             )
         except TypeError as e:
             raise ConfigError(f"run model: {e}") from e
@@ -248,7 +256,7 @@ class ModelSpec:
 
     @classmethod
     def _from_run_hf(cls, model: dict[str, Any], run_dir: str | Path | None) -> ModelSpec:
-        own = {"arch", "seed", "batch", "seq_len", "global_batch", "hf"}
+        own = {"arch", "seed", "batch", "seq_len", "global_batch", "hf", *_MEMORY_KEYS}
         unknown = sorted(set(model) - own)
         if unknown:
             raise ConfigError(f"run model: unknown key(s) {', '.join(unknown)} (with arch = 'hf' the "
@@ -271,6 +279,7 @@ class ModelSpec:
                 int(model.get("seq_len", 64)),
                 int(model.get("global_batch", 0)),
                 json.dumps(cfg, sort_keys=True, separators=(",", ":")),
+                **_memory_options(model),
             )
         except (TypeError, ValueError) as e:
             raise ConfigError(f"run model: {e}") from e
@@ -286,4 +295,31 @@ class ModelSpec:
         if not (spec.global_batch == 0 or spec.batch <= spec.global_batch <= MAX_GLOBAL_BATCH):
             limit = f"0 (off) or in batch..{MAX_GLOBAL_BATCH}"
             raise ConfigError(f"run model: global_batch must be {limit}, got {spec.global_batch}")
+        if spec.micro_batch < 0:
+            raise ConfigError(
+                f"run model: micro_batch must be >= 0 (0: the whole batch), got {spec.micro_batch}"
+            )
         return spec
+
+    def micro_batch_for(self, node_micro_batch: int = 0) -> int:
+        """The most windows one forward/backward pass holds: the node's own ``micro_batch``, else
+        the run's, else 0 (the step's windows in one pass)."""
+        return node_micro_batch or self.micro_batch
+
+    def pass_rows(self, node_micro_batch: int = 0) -> int:
+        """The windows of the largest pass this node may run: its micro-batch, or the most windows
+        a step can hand it (``global_batch`` for a node left alone in the run, else ``batch``)."""
+        most = self.global_batch or self.batch
+        mb = self.micro_batch_for(node_micro_batch)
+        return min(mb, most) if mb else most
+
+
+_MEMORY_KEYS = ("micro_batch", "checkpointing")
+
+
+def _memory_options(model: dict[str, Any]) -> dict[str, Any]:
+    """``micro_batch`` and ``checkpointing`` of the run's model table (checked)."""
+    ckpt = model.get("checkpointing", False)
+    if not isinstance(ckpt, bool):
+        raise ConfigError(f"run model: checkpointing must be true or false, got {ckpt!r}")
+    return {"micro_batch": int(model.get("micro_batch", 0)), "checkpointing": ckpt}

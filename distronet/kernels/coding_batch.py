@@ -104,7 +104,8 @@ def _estimates(gaps: np.ndarray, seg_rows: np.ndarray, t: int, bmax: int) -> np.
     if k == 1:
         return cost_a
     seg_b = np.repeat(seg_rows, k - 1)
-    return cost_a + _best_costs(_hist(b[:, 1:].reshape(-1), seg_b, t, bmax), bmax)
+    out: np.ndarray = cost_a + _best_costs(_hist(b[:, 1:].reshape(-1), seg_b, t, bmax), bmax)
+    return out
 
 
 def _sorted_ranks(idx: np.ndarray, table: np.ndarray) -> np.ndarray:

@@ -129,7 +129,8 @@ def write_defaults(
     ``doc[model]`` (``setting``, ``winner``, ``sweep``) and the defaults stay."""
     doc = read_defaults(path)
     if model != "gpt":
-        sub = doc.get(model) if isinstance(doc.get(model), dict) else {}
+        found = doc.get(model)
+        sub: dict[str, Any] = found if isinstance(found, dict) else {}
         won = {**(sub.get("winner") or {}), **winners}
         grid = {**(sub.get("sweep") or {}), **table}
         doc[model] = {"setting": setting, "winner": won, "sweep": grid}

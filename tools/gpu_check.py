@@ -76,7 +76,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without PYTHONPATH
 from distronet.kernels.coding_values import ValueCoding, quantise, scales_from_codes  # noqa: E402
 from distronet.kernels.dct import dct_chunks  # noqa: E402
 from distronet.node.backends.base import TorchBackend  # noqa: E402
-from distronet.node.exchange.base import Exchange, ExchangeStats, Round  # noqa: E402
+from distronet.node.exchange.base import Exchange, Forwarding  # noqa: E402
 from distronet.node.exchange.memory import MemoryHub  # noqa: E402
 from distronet.node.models.build import build_model  # noqa: E402
 from distronet.node.models.spec import ModelSpec  # noqa: E402
@@ -251,27 +251,16 @@ def static_candidates(root: Path = ROOT) -> dict[str, Any]:
 # the model, a node, a step
 
 
-class _Counting(Exchange):
+class _Counting(Forwarding):
     """An exchange that records the size of each frame it publishes."""
 
     def __init__(self, inner: Exchange) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.sizes: list[int] = []
-
-    @property
-    def peer_id(self) -> bytes:
-        return self.inner.peer_id
-
-    @property
-    def stats(self) -> ExchangeStats:
-        return self.inner.stats
 
     def publish(self, step: int, frame: bytes) -> None:
         self.sizes.append(len(frame))
         self.inner.publish(step, frame)
-
-    def collect(self, step: int) -> Round:
-        return self.inner.collect(step)
 
 
 def model_spec(small: bool, seq_len: int, batch: int) -> ModelSpec:

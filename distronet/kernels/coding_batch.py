@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from distronet.kernels.coding_bits import append_flags, pack_bits, unary_fields, varint
+from distronet.kernels.coding_bits import append_flags, pack_bits, unary_fields
 from distronet.kernels.coding_bucket import RICE, Part, _tables, buckets_of, centre_out, choose_params
 from distronet.kernels.coding_index import (
     _SAMPLE_CHUNKS,
@@ -42,7 +42,7 @@ from distronet.kernels.coding_index import (
     rank_tables,
     square_side,
 )
-from distronet.kernels.coding_payload import MAX_CLASSES, PAYLOAD_VERSION, _scale_parts_of
+from distronet.kernels.coding_payload import _scale_parts_of, frame_head
 from distronet.kernels.coding_values import ValueCoding, quantise
 from distronet.protocol.errors import KernelError
 
@@ -282,16 +282,7 @@ def encode_groups(groups: Sequence[CodingGroup]) -> tuple[bytes, list[np.ndarray
         c = coded[gi]
         g = c.group
         keys.append((int(g.value_coding) << 4 | int(g.index_coding), 0 if c.dense else c.k))
-    classes = list(dict.fromkeys(keys))
-    if len(classes) > MAX_CLASSES:
-        raise KernelError(f"{len(classes)} (codings, k) classes in one payload > {MAX_CLASSES}")
-    head = bytearray([PAYLOAD_VERSION]) + varint(len(members)) + varint(len(classes))
-    for codings, kk in classes:
-        head += bytes([codings]) + varint(kk)
-    ids = np.array([m[0] for m in members], dtype=np.int64)
-    parts: list[Part] = [unary_fields(np.diff(ids, prepend=-1) - 1)]
-    cw = (len(classes) - 1).bit_length()
-    parts.append((np.array([classes.index(key) for key in keys], dtype=np.int64), np.full(len(ids), cw)))
+    head, parts = frame_head([m[0] for m in members], keys)
     # Bucket-code parameters per chunk size of the ENTROPY tensors (``_group_params``).
     ent = [(gi, j) for _, gi, j in members if _entropy_member(coded[gi])]
     cns = sorted({coded[gi].group.chunk_numel for gi, _ in ent})

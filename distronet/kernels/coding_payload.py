@@ -35,6 +35,7 @@ __all__ = [
     "EncodedTensor",
     "FlatPayload",
     "encode_payload",
+    "frame_head",
 ]
 
 PAYLOAD_VERSION = 1
@@ -146,6 +147,23 @@ def _scale_parts_of(codes: np.ndarray) -> list[Part]:
     return [(np.array([b0, w]), np.array([4, 3])), *class_parts(sym, b0, w, SCALE_BMAX)]
 
 
+def frame_head(ids: Sequence[int], keys: Sequence[tuple[int, int]]) -> tuple[bytearray, list[Part]]:
+    """The payload's head (version, tensor count, the (codings, k) classes) and its first parts
+    (tensor-id gaps, each tensor's class) for tensors ``ids`` (ascending, unique) with class
+    ``keys`` (codings byte, k; 0 for dense). Raises KernelError past ``MAX_CLASSES`` classes."""
+    classes = list(dict.fromkeys(keys))
+    if len(classes) > MAX_CLASSES:
+        raise KernelError(f"{len(classes)} (codings, k) classes in one payload > {MAX_CLASSES}")
+    head = bytearray([PAYLOAD_VERSION]) + varint(len(ids)) + varint(len(classes))
+    for codings, k in classes:
+        head += bytes([codings]) + varint(k)
+    id_arr = np.array(ids, dtype=np.int64)
+    parts: list[Part] = [unary_fields(np.diff(id_arr, prepend=-1) - 1)]
+    cw = (len(classes) - 1).bit_length()
+    parts.append((np.array([classes.index(key) for key in keys], dtype=np.int64), np.full(len(ids), cw)))
+    return head, parts
+
+
 def encode_payload(tensors: Sequence[EncodedTensor]) -> bytes:
     """Frame coded tensors (any order, unique ids; each keeps its own codings and k).
 
@@ -156,16 +174,7 @@ def encode_payload(tensors: Sequence[EncodedTensor]) -> bytes:
     if any(a.tensor_id == b.tensor_id for a, b in itertools.pairwise(ts)):
         raise KernelError("a tensor id appears twice")
     keys = [(int(t.value_coding) << 4 | int(t.index_coding), 0 if t.k == t.chunk_numel else t.k) for t in ts]
-    classes = list(dict.fromkeys(keys))
-    if len(classes) > MAX_CLASSES:
-        raise KernelError(f"{len(classes)} (codings, k) classes in one payload > {MAX_CLASSES}")
-    head = bytearray([PAYLOAD_VERSION]) + varint(len(ts)) + varint(len(classes))
-    for codings, k in classes:
-        head += bytes([codings]) + varint(k)
-    ids = np.array([t.tensor_id for t in ts], dtype=np.int64)
-    parts: list[Part] = [unary_fields(np.diff(ids, prepend=-1) - 1)]
-    cw = (len(classes) - 1).bit_length()
-    parts.append((np.array([classes.index(key) for key in keys], dtype=np.int64), np.full(len(ts), cw)))
+    head, parts = frame_head([t.tensor_id for t in ts], keys)
     groups = sorted({t.chunk_numel for t in ts if t.entropy_group})
     params = {cn: _group_params(ts, cn) for cn in groups}
     parts += [_params_bits(params[cn]) for cn in groups]

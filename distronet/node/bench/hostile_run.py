@@ -53,7 +53,7 @@ import torch
 from torch import nn
 
 from distronet.kernels.coding import EncodedTensor, ValueCoding, decode_payload, encode_payload, encode_tensor
-from distronet.node.exchange.base import Exchange, ExchangeStats, Round
+from distronet.node.exchange.base import Exchange, Forwarding
 from distronet.node.exchange.memory import MemoryHub
 from distronet.node.optim.config import DistroConfig, preset
 from distronet.node.optim.distro import DistroOptimizer
@@ -150,31 +150,20 @@ class _BatchAuditor:
         return list(torch.autograd.grad(nn.functional.mse_loss(self.model(x), y), params))
 
 
-class _Recording(Exchange):
+class _Recording(Forwarding):
     """An exchange that remembers what it published (the copy attack reads a victim's frames) and
     can rewrite each frame before it leaves (``rewrite``)."""
 
     def __init__(self, inner: Exchange, sent: dict[tuple[bytes, int], bytes]) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.sent = sent
         self.rewrite: Callable[[int, bytes], bytes] | None = None
-
-    @property
-    def peer_id(self) -> bytes:
-        return self.inner.peer_id
-
-    @property
-    def stats(self) -> ExchangeStats:
-        return self.inner.stats
 
     def publish(self, step: int, frame: bytes) -> None:
         if self.rewrite is not None:
             frame = self.rewrite(step, frame)
         self.sent[(self.peer_id, step)] = frame
         self.inner.publish(step, frame)
-
-    def collect(self, step: int) -> Round:
-        return self.inner.collect(step)
 
 
 def _recode(

@@ -44,6 +44,7 @@ __all__ = [
     "Exchange",
     "ExchangeError",
     "ExchangeStats",
+    "Forwarding",
     "PeerDead",
     "Round",
     "RoundUnavailable",
@@ -145,3 +146,28 @@ class Exchange(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Leave the run; later calls raise ``PeerDead``."""
+
+
+class Forwarding(Exchange):
+    """An exchange that hands every call to ``inner``; wrappers (fault injection, recording,
+    counting) subclass it and override only the calls they change."""
+
+    def __init__(self, inner: Exchange) -> None:
+        self.inner = inner
+
+    @property
+    def peer_id(self) -> bytes:
+        return self.inner.peer_id
+
+    @property
+    def stats(self) -> ExchangeStats:
+        return self.inner.stats
+
+    def publish(self, step: int, frame: bytes) -> None:
+        self.inner.publish(step, frame)
+
+    def collect(self, step: int) -> Round:
+        return self.inner.collect(step)
+
+    def close(self) -> None:
+        self.inner.close()

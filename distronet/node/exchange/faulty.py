@@ -19,7 +19,7 @@ import dataclasses
 import hashlib
 import random
 
-from distronet.node.exchange.base import Exchange, ExchangeStats, PeerDead, Round
+from distronet.node.exchange.base import Exchange, Forwarding, PeerDead, Round
 from distronet.protocol.errors import ConfigError
 
 __all__ = ["FaultPlan", "FaultyExchange", "FaultyLinks"]
@@ -80,21 +80,13 @@ class FaultyLinks:
         return out
 
 
-class FaultyExchange(Exchange):
+class FaultyExchange(Forwarding):
     """Wraps an exchange; the peer dies at ``die_at_step`` (leaves the run, then raises ``PeerDead``)."""
 
     def __init__(self, inner: Exchange, *, die_at_step: int | None = None) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._die_at = die_at_step
         self._dead = False
-
-    @property
-    def peer_id(self) -> bytes:
-        return self._inner.peer_id
-
-    @property
-    def stats(self) -> ExchangeStats:
-        return self._inner.stats
 
     @property
     def dead(self) -> bool:
@@ -104,18 +96,18 @@ class FaultyExchange(Exchange):
     def _check(self, step: int) -> None:
         if not self._dead and self._die_at is not None and step >= self._die_at:
             self._dead = True
-            self._inner.close()
+            self.inner.close()
         if self._dead:
             raise PeerDead(f"peer {self.peer_id.hex()[:16]} died at step {self._die_at}")
 
     def publish(self, step: int, frame: bytes) -> None:
         self._check(step)
-        self._inner.publish(step, frame)
+        self.inner.publish(step, frame)
 
     def collect(self, step: int) -> Round:
         self._check(step)
-        return self._inner.collect(step)
+        return self.inner.collect(step)
 
     def close(self) -> None:
         self._dead = True
-        self._inner.close()
+        self.inner.close()

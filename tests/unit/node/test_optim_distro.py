@@ -12,7 +12,7 @@ from torch import nn
 from distronet.kernels.coding import decode_payload
 from distronet.kernels.dct import dct_chunks
 from distronet.kernels.decode import scatter_sum
-from distronet.node.exchange.base import Exchange, ExchangeStats, Round
+from distronet.node.exchange.base import Exchange, Forwarding, Round
 from distronet.node.exchange.memory import MemoryHub
 from distronet.node.optim.config import DistroConfig, UpdateRule, preset
 from distronet.node.optim.distro import DistroOptimizer
@@ -32,19 +32,12 @@ def _model(seed: int = 0) -> nn.Module:
     return nn.Sequential(nn.Linear(96, 80), nn.Tanh(), nn.Linear(80, 4))
 
 
-class _Recorder(Exchange):
+class _Recorder(Forwarding):
     """An exchange wrapper that keeps every published frame (and can hide this peer's own)."""
 
     def __init__(self, inner: Exchange, *, hide_own: bool = False) -> None:
-        self.inner, self.frames, self.hide_own = inner, {}, hide_own
-
-    @property
-    def peer_id(self) -> bytes:
-        return self.inner.peer_id
-
-    @property
-    def stats(self) -> ExchangeStats:
-        return self.inner.stats
+        super().__init__(inner)
+        self.frames, self.hide_own = {}, hide_own
 
     def publish(self, step: int, frame: bytes) -> None:
         self.frames[step] = frame

@@ -42,8 +42,11 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy -p distronet
 
+# two xdist workers (CI's machine has 2 cores); the groups that keep shared resources apart are
+# in tests/conftest.py (docs/decisions/parallel-tests.md). TEST_WORKERS=0 runs it serially.
+TEST_WORKERS ?= 2
 test: venv lint typecheck
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadgroup
 
 unit: venv
 	$(BIN)/python -m pytest -q tests/unit

@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import importlib.metadata
 import logging
+import os
 import threading
 import traceback
 from collections.abc import Callable
@@ -210,7 +211,14 @@ def warm_compiled_decoder() -> bool:
     with contextlib.suppress(OSError, importlib.metadata.PackageNotFoundError):
         marker = _decoder_marker()
         marker.parent.mkdir(exist_ok=True)
-        marker.write_text(jit_stamp())
+        # written aside and renamed: node processes starting at once each rewrite it, and one
+        # reading it mid-write would take the half-written stamp for a stale cache
+        tmp = marker.with_name(f"{marker.name}.tmp.{os.getpid()}.{threading.get_ident()}")
+        try:
+            tmp.write_text(jit_stamp())
+            os.replace(tmp, marker)
+        finally:
+            tmp.unlink(missing_ok=True)
     return True
 
 

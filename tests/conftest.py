@@ -67,7 +67,7 @@ _groups_dropped: list[str] = []  # why, when this worker's xdist ignored the gro
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Notice when this pytest/xdist pair dropped the groups (pyproject's pin on pytest): the
     grouped tests would then run side by side, so each of them fails instead (in setup)."""
-    if not session.config.getvalue("loadgroup"):
+    if not getattr(session.config.option, "loadgroup", False):
         return  # not a --dist loadgroup worker
     if any("@" not in i.nodeid for i in session.items if i.get_closest_marker("xdist_group") is not None):
         _groups_dropped.append(

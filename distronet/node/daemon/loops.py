@@ -154,8 +154,10 @@ async def send_receipts(parts: LoopParts) -> None:
 
 
 async def heartbeats(parts: LoopParts) -> None:
-    """Every heartbeat interval: report step and loss (buffered while the coordinator is down),
-    dial peers we do not know yet, refresh the peer count. Runs until cancelled."""
+    """Every heartbeat interval: report step, loss and reach (buffered while the coordinator is
+    down), refresh the peer count and the reach (``ReachWatch.check``: routes, diagnosis), dial
+    peers we do not know yet. The status file is written here too while no step runs (and when
+    the diagnosis changes). Runs until cancelled."""
     status = parts.status
     period = max(0.5, min(parts.heartbeat_s, 5.0))
     while True:
@@ -173,9 +175,12 @@ async def heartbeats(parts: LoopParts) -> None:
         with contextlib.suppress(Exception):
             status.peers = await asyncio.wait_for(live_peers(parts.swarm, parts.cfg.run_id), 10.0)
             parts.metrics.peers.set(status.peers)
+            cause = status.diagnosis
             await asyncio.wait_for(
                 parts.reach.check(parts.swarm, status, parts.metrics, parts.cfg.net.listen), 20.0
             )
+            if status.state != "training" or status.diagnosis != cause:  # steps write it while training
+                parts.status_file.write(status)
         with contextlib.suppress(Exception):
             if status.peers + 1 < parts.cfg.train.min_peers or status.peers == 0:
                 await discover(parts)

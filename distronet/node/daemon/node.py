@@ -329,7 +329,10 @@ class Node:
             status_file=status_file, metrics=metrics,
             checkpoint=functools.partial(training.save, built, cfg.run_id), stop=self.stop_requested,
             maddrs=maddrs, heartbeat_s=float(joined.heartbeat_interval_s), run_has_peers=run_has_peers,
-            reach=ReachWatch(cfg.net.reach_diagnosis_after_s, cfg.net.reach_diagnosis_every_s),
+            reach=ReachWatch(
+                cfg.net.reach_diagnosis_after_s, cfg.net.reach_diagnosis_every_s,
+                p2pd_metrics_port=cfg.net.p2pd_metrics_port,
+            ),
         )  # fmt: skip
 
     # ------------------------------------------------------------------ run

@@ -3,7 +3,8 @@
 :class:`ReachWatch` collects the dial outcomes the loops see (bootstrap and relay dials in
 ``discover``, member re-dials in ``swarm.links``), samples p2pd's connections on every
 heartbeat (``swarm.reach``) and, once no peer has been reached for ``after_s`` seconds, runs
-``swarm.diagnose`` on what it knows and logs the result as a warning — again only every
+``swarm.diagnose`` on what it knows (with AutoNAT's verdict from p2pd's own metrics when
+``--p2pd-metrics-port`` is set, ``swarm.p2pd_metrics``) and logs the result as a warning — again only every
 ``every_s`` seconds (or when the cause changes), never stopping the node. Status and
 ``/metrics`` carry the routes and the current cause; reaching a peer again clears it.
 """
@@ -18,6 +19,7 @@ import psutil
 
 from distronet.node.daemon.metrics import NodeMetrics
 from distronet.node.daemon.status import NodeStatus
+from distronet.node.swarm import p2pd_metrics
 from distronet.node.swarm.diagnose import CAUSES, Diagnosis, ReachFacts, diagnose, ip_of
 from distronet.node.swarm.reach import ReachBook, Route, count, sample
 from distronet.node.swarm.stack import Swarm
@@ -55,9 +57,15 @@ class ReachWatch:
     """One node's reach bookkeeping and diagnosis timing. Not thread-safe; the loop owns it."""
 
     def __init__(
-        self, after_s: float, every_s: float, *, clock: Callable[[], float] = time.monotonic
+        self,
+        after_s: float,
+        every_s: float,
+        *,
+        p2pd_metrics_port: int = 0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.after_s, self.every_s, self.clock = after_s, every_s, clock
+        self.p2pd_metrics_port = p2pd_metrics_port  # 0: p2pd serves no metrics (AutoNAT unknown)
         self.book = ReachBook()
         self.relays: dict[str, tuple[str, ...]] = {}
         self.relay_dials: dict[str, bool] = {}
@@ -108,6 +116,10 @@ class ReachWatch:
         (``status.peers == 0``) for ``after_s``. Raises SwarmError when p2pd does not answer."""
         routes = self.book.update(await sample(swarm.host))
         _show_routes(status, metrics, routes)
+        if self.p2pd_metrics_port:
+            got = await p2pd_metrics.fetch(self.p2pd_metrics_port)
+            if got is not None:
+                status.reachability, status.hole_punches = got.reachability, got.hole_punches
         reached = status.peers > 0
         if not self.waited(reached):
             if reached and self.current is not None:
@@ -130,6 +142,7 @@ class ReachWatch:
             own_addrs=own,
             local_ips=here,
             listen_ports=_listen_ports(listen, own, here),
+            reachability=status.reachability,
         )
         d = diagnose(facts)
         changed = self.current is None or self.current.cause is not d.cause

@@ -15,7 +15,9 @@ asks the exchange refused, by reject code) and ``not_admitted`` (peer id -> its 
 manifests refused as not admitted, for the latest 64 such peers) show who was kept out, and
 ``state_donors`` whose state each adoption took; ``reach`` (peer id -> ``direct`` |
 ``hole_punched`` | ``relayed``, for up to 256 connected peers) with its counts ``reach_direct``,
-``reach_hole_punched``, ``reach_relayed``, and ``diagnosis`` / ``diagnosis_text`` (why no peer
+``reach_hole_punched``, ``reach_relayed``, ``reachability`` and ``hole_punches`` (AutoNAT's verdict
+and p2pd's count of successful punches, read from p2pd's metrics page when
+``--p2pd-metrics-port`` is set), and ``diagnosis`` / ``diagnosis_text`` (why no peer
 is reached, and what to do; empty while one is) show how the node reaches the swarm.
 """
 
@@ -89,6 +91,8 @@ class NodeStatus:
     reach_direct: int = 0
     reach_hole_punched: int = 0
     reach_relayed: int = 0
+    reachability: str = "unknown"  # AutoNAT's verdict (public | private), from p2pd's metrics page
+    hole_punches: int = -1  # p2pd's successful hole punches so far (-1: no p2pd metrics page)
     diagnosis: str = ""  # why no peer is reached (a swarm/diagnose.py cause), "" while one is
     diagnosis_text: str = ""  # that diagnosis: the cause with its facts, and the remedy
 

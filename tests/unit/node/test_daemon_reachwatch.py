@@ -104,3 +104,25 @@ def test_diagnosis_delays_must_be_positive() -> None:
         NetConfig(reach_diagnosis_after_s=0)
     with pytest.raises(ConfigError):
         NetConfig(reach_diagnosis_every_s=-1)
+
+
+def test_metrics_carry_routes_and_the_one_current_cause() -> None:
+    from prometheus_client import generate_latest
+
+    from distronet.node.daemon import reachwatch
+    from distronet.node.daemon.metrics import NodeMetrics
+    from distronet.node.swarm.diagnose import Cause, Diagnosis
+    from distronet.node.swarm.reach import Route
+
+    m, s, w = NodeMetrics(), NodeStatus("r", "me"), ReachWatch(1, 1)
+    reachwatch._show_routes(s, m, {"A": Route.DIRECT, "B": Route.RELAYED, "C": Route.HOLE_PUNCHED})
+    w._set(s, m, Diagnosis(Cause.FIREWALL, "m", "r"))
+    text = generate_latest(m.registry).decode()
+    for route in ("direct", "hole_punched", "relayed"):
+        assert f'distro_node_peer_links{{route="{route}"}} 1.0' in text
+    assert 'distro_node_reach_diagnosis{cause="firewall"} 1.0' in text
+    assert 'distro_node_reach_diagnosis{cause="no_relay"} 0.0' in text
+    assert s.diagnosis == "firewall" and s.diagnosis_text == "reaching no peer: m. What to do: r"
+    w._set(s, m, None)
+    assert 'distro_node_reach_diagnosis{cause="firewall"} 0.0' in generate_latest(m.registry).decode()
+    assert s.diagnosis == "" and s.diagnosis_text == ""

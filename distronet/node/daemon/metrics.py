@@ -26,6 +26,8 @@ from prometheus_client import (
     start_http_server,
 )
 
+from distronet.protocol.coordinator_api import REACH_CAUSES
+
 __all__ = ["NodeMetrics"]
 
 
@@ -59,6 +61,10 @@ class NodeMetrics:
             p + "reach_diagnosis", "1 for the cause of reaching no peer, 0 for the others", ["cause"],
             registry=r,
         )  # fmt: skip
+        for route in ("direct", "hole_punched", "relayed"):
+            self.links.labels(route).set(0)
+        for cause in REACH_CAUSES:
+            self.diagnosis.labels(cause).set(0)
         GCCollector(registry=r)  # python_gc_*: a node runs no full collection over its start (join)
         ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
         self._server: WSGIServer | None = None

@@ -61,6 +61,7 @@ from distronet.node.daemon.coordinator_client import (
 from distronet.node.daemon.errors import CALL_S, NodeError, NodeStateError, deadline
 from distronet.node.daemon.loops import LoopParts
 from distronet.node.daemon.metrics import NodeMetrics
+from distronet.node.daemon.reachwatch import ReachWatch
 from distronet.node.daemon.shards import Shards
 from distronet.node.daemon.status import NodeStatus, StatusFile
 from distronet.node.exchange.swarm import AsyncSwarmExchange, ExchangeConfig
@@ -328,6 +329,10 @@ class Node:
             status_file=status_file, metrics=metrics,
             checkpoint=functools.partial(training.save, built, cfg.run_id), stop=self.stop_requested,
             maddrs=maddrs, heartbeat_s=float(joined.heartbeat_interval_s), run_has_peers=run_has_peers,
+            reach=ReachWatch(
+                cfg.net.reach_diagnosis_after_s, cfg.net.reach_diagnosis_every_s,
+                p2pd_metrics_port=cfg.net.p2pd_metrics_port,
+            ),
         )  # fmt: skip
 
     # ------------------------------------------------------------------ run

@@ -65,7 +65,7 @@ def test_doctor_measures_the_runs_model_and_link_and_judges_its_deadline(tmp_pat
     assert slow.returncode == ExitCode.CANNOT_KEEP_UP, slow.stderr[-2000:]
     last = slow.stdout.strip().splitlines()[-1]
     assert last.startswith("verdict: cannot keep up") and "(budget)" in last and "raise --up" in last
-    assert "link      down" in slow.stdout and "step      " in slow.stdout
+    assert "link      down " in slow.stdout and "step      " in slow.stdout
 
     assert missing.returncode == ExitCode.REJECTED and missing.stdout == ""
     assert "has no run 'nope'" in missing.stderr

@@ -90,7 +90,7 @@ def _diagnose(args: argparse.Namespace) -> Report:
         dcfg = optimizer_config("doctor", {})
         deadline = args.round_deadline_s or ExchangeConfig().round_deadline_s
         peers = LOCAL_PEERS if args.peers is None else args.peers
-        link = Link(None, None, None, 0, 0)
+        link = Link(None, None, None, 0, 0, "no --coordinator: the budgets stand in")
         source = "local"
     if spec.arch == "hf" and not hf_installed():
         raise ConfigError(f"this model (arch 'hf') needs transformers, not installed here: {HF_EXTRA_HINT}")

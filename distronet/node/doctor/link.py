@@ -62,9 +62,9 @@ class CoordinatorDown(DoctorError):
 
 
 class RunNotFound(DoctorError):
-    def __init__(self, url: str, run_id: str, message: str) -> None:
+    def __init__(self, url: str, run_id: str) -> None:
         super().__init__(
-            f"coordinator {url} has no run {run_id!r} ({message}); `GET {url}{API_PREFIX}/runs` lists them",
+            f"coordinator {url} has no run {run_id!r}; `GET {url}{API_PREFIX}/runs` lists them",
             ExitCode.REJECTED,
         )
 
@@ -102,7 +102,7 @@ async def _call(
     except (ValueError, KeyError, TypeError):
         code, message = "", body[:200].decode(errors="replace")
     if status == 404 and code == "not_found":
-        raise RunNotFound(url, run_id, message)
+        raise RunNotFound(url, run_id)
     if status >= 500 or status == 429:
         raise CoordinatorDown(url, f"{status} {code}: {message}")
     raise DoctorError(
@@ -134,7 +134,8 @@ async def fetch_run(url: str, run_id: str) -> dict[str, Any]:
 
 async def measure_link(url: str, run_id: str, probe_bytes: int, probes: int) -> Link:
     """Median download and upload rates (payload bytes/s) over ``probes`` transfers of
-    ``probe_bytes`` each way. Raises ``DoctorError`` (above), ``ValueError`` for sizes out of range."""
+    ``probe_bytes`` each way; none (``Link.note`` says why) from a coordinator without the probe.
+    Raises ``DoctorError`` (above), ``ValueError`` for sizes out of range."""
     if not 1 <= probe_bytes <= MAX_PROBE_BYTES or not 1 <= probes <= 10:
         raise ValueError(f"probe_bytes must be in 1..{MAX_PROBE_BYTES} and probes in 1..10")
     path = f"/runs/{run_id}/probe"
@@ -142,7 +143,10 @@ async def measure_link(url: str, run_id: str, probe_bytes: int, probes: int) -> 
     down: list[float] = []
     up: list[float] = []
     async with _session() as http:
-        await _call(http, url, run_id, "GET", path, params={"bytes": "1"})  # opens the connection
+        try:  # opens the connection
+            await _call(http, url, run_id, "GET", path, params={"bytes": "1"})
+        except RunNotFound:  # the run was just read: an older coordinator, without the probe
+            return Link(url, None, None, 0, 0, "this coordinator serves no transfer probe (an older version)")
         for _ in range(probes):
             t0 = time.perf_counter()
             got = await _call(http, url, run_id, "GET", path, params={"bytes": str(probe_bytes)})

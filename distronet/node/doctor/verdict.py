@@ -86,6 +86,7 @@ class Link:
     up_rate: float | None
     probe_bytes: int
     probes: int
+    note: str = ""  # why the rate was not measured, when it was not
 
 
 @dataclass(frozen=True)
@@ -227,16 +228,18 @@ def _size(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def _rate(r: float | None) -> str:
-    return "not measured" if r is None else format_rate(r)
-
-
 def render(rep: Report) -> str:
     """The report as the lines `distro-node doctor` prints."""
     m, s, ln, t = rep.machine, rep.step, rep.link, rep.round
     mb = f"micro-batch {s.micro_batch}" if s.micro_batch else "one pass"
     peak = f"{_size(s.peak_bytes)} {s.peak_kind} of {_size(s.usable_bytes)} usable"
     estimate = "not wired" if s.estimate_bytes is None else _size(s.estimate_bytes)  # FIT ESTIMATE (lead)
+    link = (
+        "not measured" + (f": {ln.note}" if ln.note else "")
+        if ln.down_rate is None or ln.up_rate is None
+        else f"down {format_rate(ln.down_rate)}, up {format_rate(ln.up_rate)} to the coordinator "
+        f"({_size(ln.probe_bytes)} probes, median of {ln.probes})"
+    )
     times = ", ".join(f"{x:.3f}" for x in s.times_s)
     what = f"run {rep.run} at {ln.coordinator}" if rep.run else "local model (no --coordinator)"
     lines = [
@@ -253,8 +256,7 @@ def render(rep: Report) -> str:
         f"peak      {peak}: {'fits' if s.fits else 'does NOT fit'}",
         f"estimate  {estimate}",
         f"packet    {s.packet_bytes:,} bytes a step",
-        f"link      down {_rate(ln.down_rate)}, up {_rate(ln.up_rate)} to the coordinator"
-        + (f" ({_size(ln.probe_bytes)} probes, median of {ln.probes})" if ln.down_rate is not None else ""),
+        f"link      {link}",
         f"budget    up {format_rate(t.up_budget)}, down {format_rate(t.down_budget)} (--up, --down)",
         f"round     {t.peers} peer(s): up {t.up_bytes:,} B at {format_rate(t.up_rate)} ({t.up_limited_by}), "
         f"down {t.down_bytes:,} B at {format_rate(t.down_rate)} ({t.down_limited_by}): {t.transfer_s:.3f} s",

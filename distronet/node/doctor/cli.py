@@ -23,7 +23,7 @@ from typing import Any
 from distronet.node.config import DEVICES, NetConfig, TrainConfig
 from distronet.node.daemon.parts import exchange_config, optimizer_config, warm_compiled_decoder
 from distronet.node.doctor.link import DoctorError, fetch_run, measure_link
-from distronet.node.doctor.verdict import Link, Report, judge, render, round_traffic
+from distronet.node.doctor.verdict import Link, Report, StepPlan, judge, render, round_traffic
 from distronet.node.exchange.types import ExchangeConfig
 from distronet.node.exitcodes import ExitCode
 from distronet.node.models.spec import HF_EXTRA_HINT, ModelSpec, hf_installed
@@ -68,7 +68,7 @@ def _rates(args: argparse.Namespace) -> tuple[float, float]:
     return parse_rate(args.up), parse_rate(args.down)
 
 
-def _diagnose(args: argparse.Namespace) -> Report:
+def _diagnose(args: argparse.Namespace, plan: StepPlan) -> Report:
     """Everything the doctor measures, in order: the run, the link, the steps. Raises
     ``DoctorError`` and ``ConfigError``."""
     up_budget, down_budget = _rates(args)
@@ -106,13 +106,12 @@ def _diagnose(args: argparse.Namespace) -> Report:
 
     from distronet.node.backends import pick_backend
     from distronet.node.doctor.machine import describe_machine
-    from distronet.node.doctor.measure import StepPlan, measure_steps
+    from distronet.node.doctor.measure import measure_steps
 
     if args.threads:
         torch.set_num_threads(args.threads)
     backend = pick_backend(args.device)
     machine = describe_machine(backend)
-    plan = StepPlan(args.warmup, args.steps, args.micro_batch, args.activation_checkpointing)
     step = measure_steps(spec, dcfg, backend, plan, peers=peers, source=source)
     traffic = round_traffic(step.packet_bytes, peers, deadline, up_budget, down_budget, link)
     return Report(run_id, machine, step, link, traffic, judge(step, traffic))
@@ -124,10 +123,13 @@ def _main(args: argparse.Namespace) -> int:
             raise ConfigError(f"--peers must be in 0..4096, got {args.peers}")
         if not 1 <= args.probe_bytes <= MAX_PROBE_BYTES or not 1 <= args.probes <= 10:
             raise ConfigError(f"--probe-bytes must be in 1..{MAX_PROBE_BYTES} and --probes in 1..10")
+        if args.threads < 0:
+            raise ConfigError(f"--threads must be >= 0, got {args.threads}")
         if args.round_deadline_s is not None and args.round_deadline_s <= 0:
             raise ConfigError("--round-deadline-s must be > 0")
         _rates(args)
-        rep = _diagnose(args)
+        plan = StepPlan(args.warmup, args.steps, args.micro_batch, args.activation_checkpointing)
+        rep = _diagnose(args, plan)
     except DoctorError as e:
         print(f"distro-node doctor: {e}", file=sys.stderr)
         return int(e.exit_code)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -22,32 +21,16 @@ import torch
 from distronet.node.backends import ComputeBackend
 from distronet.node.daemon.trainer import Trainer
 from distronet.node.doctor.machine import PeakMemory, usable_bytes
-from distronet.node.doctor.verdict import StepTime
+from distronet.node.doctor.verdict import StepPlan, StepTime
 from distronet.node.exchange.memory import MemoryHub
 from distronet.node.models.build import build_model, set_checkpointing
 from distronet.node.models.spec import ModelSpec
 from distronet.node.optim.config import DistroConfig
 from distronet.node.optim.distro import DistroOptimizer
 from distronet.node.optim.roles import tensor_roles
-from distronet.protocol.errors import ConfigError
 from distronet.protocol.identity import Identity
 
-__all__ = ["StepPlan", "measure_steps", "node_batch"]
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """How many steps: ``warmup`` untimed (first-call costs: allocation, the decoder's compile),
-    then ``steps`` timed; ``micro_batch`` is the node's own (0: the run's)."""
-
-    warmup: int = 2
-    steps: int = 5
-    micro_batch: int = 0
-    checkpointing: bool = False
-
-    def __post_init__(self) -> None:
-        if self.warmup < 0 or not 1 <= self.steps <= 100 or self.micro_batch < 0:
-            raise ConfigError("doctor: need --warmup >= 0, --steps in 1..100 and --micro-batch >= 0")
+__all__ = ["measure_steps", "node_batch"]
 
 
 def node_batch(spec: ModelSpec, peers: int) -> int:

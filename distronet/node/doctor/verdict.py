@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 
 from distronet.node.swarm.budget import WireModel, format_rate
+from distronet.protocol.errors import ConfigError
 
 __all__ = [
     "TIGHT",
@@ -28,6 +29,7 @@ __all__ = [
     "Machine",
     "Report",
     "RoundTraffic",
+    "StepPlan",
     "StepTime",
     "Verdict",
     "judge",
@@ -51,6 +53,21 @@ class Machine:
     device: str
     memory_total: int  # bytes of RAM
     memory_available: int  # bytes of RAM available now (MemAvailable)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """How many steps: ``warmup`` untimed (first-call costs: allocation, the decoder's compile),
+    then ``steps`` timed; ``micro_batch`` is the node's own (0: the run's)."""
+
+    warmup: int = 2
+    steps: int = 5
+    micro_batch: int = 0
+    checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        if self.warmup < 0 or not 1 <= self.steps <= 100 or self.micro_batch < 0:
+            raise ConfigError("doctor: need --warmup >= 0, --steps in 1..100 and --micro-batch >= 0")
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,10 @@ download), trained by the node's own ``Trainer`` with the run's ``DistroOptimize
 tokens of the model's vocabulary. A step is what a node's step is: ``zero_grad``, forward and
 backward in passes of ``micro_batch`` windows, then ``optimizer.step()`` — the gradient DCT into
 the momentum, top-k, coding and sealing of the packet, then the round (the packet opened,
-verified, decoded and applied). The round is this node's alone (an in-memory exchange of one
-peer): the others' packets would add their decode, a scatter of theirs into the same buffer.
+verified, decoded and applied) over an in-memory exchange. The round holds, besides this node's
+packet, the packets of ``min(peers, MAX_GHOSTS)`` others: real packets of the run's plan, sealed
+by identities of their own before the timed steps, so each step opens, verifies and decodes them
+as a node's step in such a round does.
 """
 
 from __future__ import annotations
@@ -27,10 +29,13 @@ from distronet.node.models.build import build_model, set_checkpointing
 from distronet.node.models.spec import ModelSpec
 from distronet.node.optim.config import DistroConfig
 from distronet.node.optim.distro import DistroOptimizer
+from distronet.node.optim.packets import build_packet
 from distronet.node.optim.roles import tensor_roles
 from distronet.protocol.identity import Identity
 
-__all__ = ["measure_steps", "node_batch"]
+__all__ = ["MAX_GHOSTS", "measure_steps", "node_batch"]
+
+MAX_GHOSTS = 8  # the others' packets decoded in each timed step, at most (each costs an encode first)
 
 
 def node_batch(spec: ModelSpec, peers: int) -> int:
@@ -52,7 +57,8 @@ def measure_steps(
     if plan.checkpointing or spec.checkpointing:
         set_checkpointing(model)
     identity = Identity.generate()
-    exchange = MemoryHub().join(identity.peer_id)
+    exchange_hub = MemoryHub()
+    exchange = exchange_hub.join(identity.peer_id)
     optimizer = DistroOptimizer(model.named_parameters(), dcfg, exchange, identity, roles=tensor_roles(model))
     rows = node_batch(spec, peers)
     rng = np.random.default_rng(spec.seed)
@@ -65,15 +71,22 @@ def measure_steps(
     trainer = Trainer(model, optimizer, batches, backend, micro)
     peak = PeakMemory(device)
     peak.start()
+    for step in range(plan.warmup):
+        trainer.step(step)
+    warm_peak = peak.peak()
+    ghosts = min(peers, MAX_GHOSTS)
+    timed = range(plan.warmup, plan.warmup + plan.steps)
+    frames = _ghost_frames(optimizer, dcfg, ghosts, timed, spec.seed)  # before the timed steps' peak
+    peak.start()
     times: list[float] = []
-    for step in range(plan.warmup + plan.steps):
+    for step in timed:
+        for ghost, frame in frames[step]:
+            exchange_hub.upload(step, ghost, frame)  # the others' packets of this round
         t0 = time.perf_counter()
         trainer.step(step)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        if step >= plan.warmup:
-            times.append(time.perf_counter() - t0)
-    total_steps = plan.warmup + plan.steps
+        times.append(time.perf_counter() - t0)
     arch = "gpt" if spec.gpt is not None else f"hf:{spec.hf_config()['model_type']}"
     return StepTime(
         model=arch,
@@ -84,10 +97,32 @@ def measure_steps(
         micro_batch=micro if micro and micro < rows else 0,
         warmup=plan.warmup,
         times_s=tuple(times),
+        decoded_peers=len(optimizer.reports[-1].accepted) - 1,  # the others the last round counted
         median_s=statistics.median(times),
-        packet_bytes=round(exchange.stats.bytes_up / total_steps),
-        peak_bytes=peak.peak(),
+        packet_bytes=round(exchange.stats.bytes_up_by_step[plan.warmup]),
+        peak_bytes=max(warm_peak, peak.peak()),
         peak_kind=peak.kind,
         usable_bytes=usable_bytes(device),
         estimate_bytes=None,  # FIT ESTIMATE: the lead wires models.fit.estimate(spec, ...) here
     )
+
+
+def _ghost_frames(
+    optimizer: DistroOptimizer, dcfg: DistroConfig, ghosts: int, steps: range, seed: int
+) -> dict[int, list[tuple[bytes, bytes]]]:
+    """``ghosts`` other peers' sealed packets for each of ``steps``: real packets of the run's
+    plan, each from its own identity, coded from this node's momentum times ``1 + 0.2 N(0, 1)``
+    (so indices and values differ as between peers). Made before the timed steps, untimed."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    ids = [Identity.generate() for _ in range(ghosts)]
+    out: dict[int, list[tuple[bytes, bytes]]] = {s: [] for s in steps}
+    with torch.no_grad():
+        for step in steps:
+            for ident in ids:
+                momenta = [
+                    m * (1 + 0.2 * torch.randn(m.shape, generator=gen).to(m.device))
+                    for m in optimizer._momenta()
+                ]
+                frame = build_packet(optimizer.plans, momenta, dcfg, step, ident, optimizer.digest)[0]
+                out[step].append((ident.peer_id, frame))
+    return out

@@ -82,6 +82,7 @@ class StepTime:
     micro_batch: int  # windows per forward/backward pass (0: the whole batch)
     warmup: int
     times_s: tuple[float, ...]  # each timed step: forward + backward + optimizer step (codec included)
+    decoded_peers: int  # the others' packets each timed step decoded besides its own
     median_s: float
     packet_bytes: int  # this node's sealed packet of one step
     peak_bytes: int  # peak memory of the steps (``peak_kind``)
@@ -269,7 +270,8 @@ def render(rep: Report) -> str:
         f"model     {s.model} ({s.source}): {s.params:,} parameters, "
         f"{s.batch} x {s.seq_len} tokens a step, {mb}",
         f"step      {s.median_s:.3f} s median of {len(s.times_s)} after {s.warmup} warm-up ({times} s)",
-        "          forward + backward + DisTrO step (encode, seal, open, decode, apply)",
+        "          forward + backward + DisTrO step (encode, seal; open, verify, decode "
+        f"{s.decoded_peers + 1} packets; apply)",
         f"peak      {peak}: {'fits' if s.fits else 'does NOT fit'}",
         f"estimate  {estimate}",
         f"packet    {s.packet_bytes:,} bytes a step",

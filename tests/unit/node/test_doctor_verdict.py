@@ -27,7 +27,20 @@ def step(
     median_s: float = 0.2, packet: int = 20_000, peak: int = 500 * MB, usable: int = 8000 * MB
 ) -> StepTime:
     return StepTime(
-        "gpt", "local", 875_264, 8, 64, 0, 2, (median_s,) * 3, median_s, packet, peak, "process RSS", usable
+        "gpt",
+        "local",
+        875_264,
+        8,
+        64,
+        0,
+        2,
+        (median_s,) * 3,
+        3,
+        median_s,
+        packet,
+        peak,
+        "process RSS",
+        usable,
     )
 
 

@@ -258,6 +258,9 @@ def render(rep: Report) -> str:
         else f"down {format_rate(ln.down_rate)}, up {format_rate(ln.up_rate)} to the coordinator "
         f"({_size(ln.probe_bytes)} probes, median of {ln.probes})"
     )
+    decoded = f"{s.decoded_peers + 1} packets" + (
+        f" of the round's {t.peers + 1}" if s.decoded_peers < t.peers else ""
+    )
     times = ", ".join(f"{x:.3f}" for x in s.times_s)
     what = f"run {rep.run} at {ln.coordinator}" if rep.run else "local model (no --coordinator)"
     lines = [
@@ -270,8 +273,7 @@ def render(rep: Report) -> str:
         f"model     {s.model} ({s.source}): {s.params:,} parameters, "
         f"{s.batch} x {s.seq_len} tokens a step, {mb}",
         f"step      {s.median_s:.3f} s median of {len(s.times_s)} after {s.warmup} warm-up ({times} s)",
-        "          forward + backward + DisTrO step (encode, seal; open, verify, decode "
-        f"{s.decoded_peers + 1} packets; apply)",
+        f"          forward + backward + DisTrO step (encode, seal; open, verify, decode {decoded}; apply)",
         f"peak      {peak}: {'fits' if s.fits else 'does NOT fit'}",
         f"estimate  {estimate}",
         f"packet    {s.packet_bytes:,} bytes a step",

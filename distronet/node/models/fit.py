@@ -34,6 +34,8 @@ model's shape (layers, width, heads, head size, MLP width, vocabulary) and the r
 * ``codec``: the optimizer step's temporaries (the round's decoded aggregate for every tensor,
   the packet's top-k values and indices, DCT scratch of the largest tensor). The activations
   are freed by then, so the peak holds the larger of ``activations`` and ``codec``, not both.
+* ``allocator``: on the CPU, what the C heap keeps beyond the live tensors (``HEAP_RETENTION``
+  of the activations); 0 on CUDA, where the figure held to is torch's count of live tensors.
 * ``runtime``: a fixed allowance for what the compute library touches on its first pass
   (kernel code, thread pools; CPU) or its workspace (cuBLAS; CUDA).
 """
@@ -72,6 +74,11 @@ F32 = 4
 MiB = 1 << 20
 CPU_RUNTIME_BYTES = 48 * MiB  # kernel code and thread-local buffers faulted in by the first pass
 CUDA_RUNTIME_BYTES = 64 * MiB  # cuBLAS workspaces, allocated through torch's caching allocator
+HEAP_RETENTION = 0.35
+"""CPU: the share of the activation peak glibc's heap keeps beyond the live tensors, from the
+third step on (freed activations below its dynamic mmap threshold, up to 32 MiB, stay in the
+heap and fragment it). Measured 0.25-0.47 over the GPT and the bench Llama at 2 micro-batches each
+(``tools/fit_check.py`` with and without ``MALLOC_MMAP_THRESHOLD_``; docs/decisions/fit-estimate.md)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,13 +241,14 @@ def _head_floats(s: ModelShape, seq: int, rows: int) -> float:
 class FitEstimate:
     """Peak memory of one node's training, in bytes (module docstring for what each counts).
 
-    ``total`` = parameters + gradients + optimizer + max(activations, codec) + runtime."""
+    ``total`` = parameters + gradients + optimizer + max(activations + allocator, codec) + runtime."""
 
     parameters: int
     gradients: int
     optimizer: int
     activations: int
     codec: int
+    allocator: int
     runtime: int
     micro_batch: int
     seq_len: int
@@ -255,13 +263,13 @@ class FitEstimate:
             self.parameters
             + self.gradients
             + self.optimizer
-            + max(self.activations, self.codec)
+            + max(self.activations + self.allocator, self.codec)
             + self.runtime
         )
 
     def breakdown(self) -> str:
         """One line: each part and the total, in human units."""
-        parts = ("parameters", "gradients", "optimizer", "activations", "codec", "runtime")
+        parts = ("parameters", "gradients", "optimizer", "activations", "allocator", "codec", "runtime")
         body = ", ".join(f"{p} {human_bytes(getattr(self, p))}" for p in parts)
         return f"{body}; peak {human_bytes(self.total)}"
 
@@ -330,9 +338,11 @@ def estimate(
     if optimizer.overlap.enabled:
         codec += F32 * n_params
     runtime = CUDA_RUNTIME_BYTES if device == "cuda" else CPU_RUNTIME_BYTES
+    heap = 0 if device == "cuda" else int(HEAP_RETENTION * act)
     return FitEstimate(
-        params, grads, int(state), int(act), int(codec), runtime, rows, seq, ckpt, device, precision, n_params
-    )
+        params, grads, int(state), int(act), int(codec), heap, runtime, rows, seq, ckpt, device, precision,
+        n_params,
+    )  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)

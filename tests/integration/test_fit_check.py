@@ -6,7 +6,6 @@ over the steps, less its resident set before the build, is within 15 % of the es
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 

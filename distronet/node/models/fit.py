@@ -35,7 +35,8 @@ model's shape (layers, width, heads, head size, MLP width, vocabulary) and the r
   the packet's top-k values and indices, DCT scratch of the largest tensor). The activations
   are freed by then, so the peak holds the larger of ``activations`` and ``codec``, not both.
 * ``allocator``: on the CPU, what the C heap keeps beyond the live tensors (``HEAP_RETENTION``
-  of the activations); 0 on CUDA, where the figure held to is torch's count of live tensors.
+  of the activations; more with several passes a step or checkpointing, measured on glibc); 0 on
+  CUDA, where the figure held to is torch's count of live tensors.
 * ``runtime``: a fixed allowance for what the compute library touches on its first pass
   (kernel code, thread pools; CPU) or its workspace (cuBLAS; CUDA).
 """
@@ -76,9 +77,17 @@ CPU_RUNTIME_BYTES = 48 * MiB  # kernel code and thread-local buffers faulted in 
 CUDA_RUNTIME_BYTES = 64 * MiB  # cuBLAS workspaces, allocated through torch's caching allocator
 HEAP_RETENTION = 0.35
 """CPU: the share of the activation peak glibc's heap keeps beyond the live tensors, from the
-third step on (freed activations below its dynamic mmap threshold, up to 32 MiB, stay in the
-heap and fragment it). Measured 0.25-0.47 over the GPT and the bench Llama at 2 micro-batches each
-(``tools/fit_check.py`` with and without ``MALLOC_MMAP_THRESHOLD_``; docs/decisions/fit-estimate.md)."""
+third step on, with one pass a step (freed activations below its dynamic mmap threshold, up to
+32 MiB, stay in the heap and fragment it). Measured 0.24-0.45 over the GPT and the bench Llama at
+two micro-batches each (``tools/fit_check.py`` with and without ``MALLOC_MMAP_THRESHOLD_``;
+docs/decisions/fit-estimate.md)."""
+HEAP_RETENTION_PASSES = 0.8
+"""The same with two or more passes a step (gradient accumulation): measured 0.65-0.94 at 2 and 4
+passes, not growing from 2 to 4."""
+HEAP_RETENTION_CHECKPOINTED = 0.6
+"""With activation checkpointing, as a share of the activations *without* it (the forward and the
+recomputation each sweep a block's full activations through the heap): measured 0.41 (Llama)
+and 0.60 (GPT)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -319,15 +328,15 @@ def estimate(
     head = _head_floats(s, seq, rows)
     # at the start of backward: the log-softmax's input gradient and the loss's, both B x T x V
     head_transient = 2 * s.vocab
+    full = F32 * tokens * (s.layers * saved + head + max(transient, head_transient))  # no checkpointing
     if ckpt:
-        floats = s.layers * s.hidden + head + max(saved + transient, head_transient)
+        act = F32 * tokens * (s.layers * s.hidden + head + max(saved + transient, head_transient))
     else:
-        floats = s.layers * saved + head + max(transient, head_transient)
-    elem = F32
-    act = elem * tokens * floats
+        act = full
     if precision == "bf16":
         # autocast keeps bf16 copies of the weights for backward, and matmul outputs in bf16
         act = int(act * 0.75) + 2 * n_params
+    passes = -(-(spec.global_batch or spec.batch) // rows)
 
     largest = max(lay.n_chunks * lay.chunk_numel for lay in layouts)
     k = max(optimizer.extraction.k, optimizer.extraction.k_start)
@@ -338,7 +347,12 @@ def estimate(
     if optimizer.overlap.enabled:
         codec += F32 * n_params
     runtime = CUDA_RUNTIME_BYTES if device == "cuda" else CPU_RUNTIME_BYTES
-    heap = 0 if device == "cuda" else int(HEAP_RETENTION * act)
+    if device == "cuda":
+        heap = 0
+    elif ckpt:
+        heap = int(HEAP_RETENTION_CHECKPOINTED * full)
+    else:
+        heap = int((HEAP_RETENTION_PASSES if passes > 1 else HEAP_RETENTION) * act)
     return FitEstimate(
         params, grads, int(state), int(act), int(codec), heap, runtime, rows, seq, ckpt, device, precision,
         n_params,

@@ -87,3 +87,15 @@ def test_usable_memory_cap_and_sizes() -> None:
             fit.parse_size(bad)
     with pytest.raises(ConfigError):
         fit.usable_memory("cpu", cap_bytes=-1)
+
+
+def test_heap_share_follows_passes_checkpointing_and_device() -> None:
+    spec = ModelSpec.from_run({"arch": "gpt", "seq_len": 128, "batch": 64})
+    one = fit.estimate(spec)
+    assert one.allocator == int(fit.HEAP_RETENTION * one.activations)
+    two = fit.estimate(spec, micro_batch=32)  # two passes a step
+    assert two.allocator == int(fit.HEAP_RETENTION_PASSES * two.activations)
+    ckpt = fit.estimate(spec, checkpointing=True)
+    assert ckpt.allocator == int(fit.HEAP_RETENTION_CHECKPOINTED * one.activations)
+    cuda = fit.estimate(spec, device="cuda", precision="bf16")
+    assert cuda.allocator == 0 and cuda.activations < one.activations

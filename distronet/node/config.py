@@ -29,6 +29,7 @@ from typing import Any
 
 import tomllib
 
+from distronet.node.models.fit import parse_size
 from distronet.node.swarm.budget import parse_rate
 from distronet.protocol.errors import ConfigError
 
@@ -124,6 +125,11 @@ class TrainConfig:
     fit_check: bool = _f(
         True, "before downloading anything, refuse a run whose model does not fit this device's memory"
     )
+    memory_cap: str = _f(
+        "",
+        "the most memory training may take here, e.g. 6GB or 512MiB (the fit check holds the run to "
+        "it; empty: what the device has free)",
+    )
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -134,6 +140,8 @@ class TrainConfig:
         for name in counts:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.memory_cap:
+            parse_size(self.memory_cap)
         if self.state_quorum < 1:
             raise ConfigError(f"state_quorum must be >= 1, got {self.state_quorum}")
         if self.min_peers < 1 or self.start_timeout_s <= 0 or self.max_seconds < 0:

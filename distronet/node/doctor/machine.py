@@ -16,6 +16,7 @@ import torch
 
 from distronet.node.backends import ComputeBackend, mlx_import_error
 from distronet.node.doctor.verdict import Machine
+from distronet.node.models.fit import usable_memory
 
 __all__ = ["PeakMemory", "describe_machine", "memory_info", "usable_bytes"]
 
@@ -76,15 +77,12 @@ def describe_machine(backend: ComputeBackend) -> Machine:
 
 
 def usable_bytes(device: torch.device) -> int:
-    """Memory the node may use on ``device``: on CUDA the card's free memory plus what this
-    process already holds there; elsewhere RAM available now plus this process's resident size.
-
-    USABLE MEMORY: models/fit.py (h-fit) has the project's usable-memory function; the lead
-    swaps this one for it at merge."""
-    if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        return int(free) + int(torch.cuda.memory_reserved(device))
-    return memory_info()[1] + _rss()
+    """Memory the node may use on ``device``, comparable with a measured peak of this process:
+    what the join's fit check counts as usable (``models.fit.usable_memory``: free CUDA memory,
+    or RAM available now within a cgroup limit) plus what this process already holds there
+    (CUDA reserved bytes, or its resident size)."""
+    held = int(torch.cuda.memory_reserved(device)) if device.type == "cuda" else _rss()
+    return usable_memory(device.type).bytes + held
 
 
 class PeakMemory:

@@ -26,6 +26,7 @@ from distronet.node.doctor.machine import PeakMemory, usable_bytes
 from distronet.node.doctor.verdict import StepPlan, StepTime
 from distronet.node.exchange.memory import MemoryHub
 from distronet.node.models.build import build_model, set_checkpointing
+from distronet.node.models.fit import estimate
 from distronet.node.models.spec import ModelSpec
 from distronet.node.optim.config import DistroConfig
 from distronet.node.optim.distro import DistroOptimizer
@@ -103,7 +104,14 @@ def measure_steps(
         peak_bytes=max(warm_peak, peak.peak()),
         peak_kind=peak.kind,
         usable_bytes=usable_bytes(device),
-        estimate_bytes=None,  # FIT ESTIMATE: the lead wires models.fit.estimate(spec, ...) here
+        estimate_bytes=estimate(
+            spec,
+            dcfg,
+            micro_batch=micro if micro and micro < rows else 0,
+            checkpointing=bool(plan.checkpointing or spec.checkpointing),
+            device=device.type,
+            precision=backend.precision,
+        ).total,
     )
 
 

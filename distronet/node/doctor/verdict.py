@@ -88,7 +88,7 @@ class StepTime:
     peak_bytes: int  # peak memory of the steps (``peak_kind``)
     peak_kind: str  # "process RSS" | "CUDA allocated"
     usable_bytes: int  # what this device can give the node
-    estimate_bytes: int | None = None  # the fit estimate (models/fit.py) of the same run, once wired
+    estimate_bytes: int | None = None  # the fit estimate (models/fit.py) of the same training
 
     @property
     def fits(self) -> bool:
@@ -251,7 +251,11 @@ def render(rep: Report) -> str:
     m, s, ln, t = rep.machine, rep.step, rep.link, rep.round
     mb = f"micro-batch {s.micro_batch}" if s.micro_batch else "one pass"
     peak = f"{_size(s.peak_bytes)} {s.peak_kind} of {_size(s.usable_bytes)} usable"
-    estimate = "not wired" if s.estimate_bytes is None else _size(s.estimate_bytes)  # FIT ESTIMATE (lead)
+    estimate = (
+        "not computed"
+        if s.estimate_bytes is None
+        else f"{_size(s.estimate_bytes)} for training this model (the join's fit check; models/fit.py)"
+    )
     link = (
         "not measured" + (f": {ln.note}" if ln.note else "")
         if ln.down_rate is None or ln.up_rate is None

@@ -50,6 +50,7 @@ from distronet.coordinator.store import Store, open_store
 from distronet.coordinator.trace import TRACE
 from distronet.protocol.coordinator_api import ApiError, ApiErrorCode, error_body
 from distronet.protocol.coordinator_session import HDR_SESSION
+from distronet.protocol.limits import MAX_PROBE_BYTES
 
 __all__ = ["CoordinatorApp", "json_response"]
 
@@ -225,7 +226,8 @@ class CoordinatorApp:
                 if body and hdrs.get("Content-Type") != JSON and request.content_type != JSON:
                     raise ApiError(ApiErrorCode.UNSUPPORTED_MEDIA, "send the body as application/json")
                 parsed = r.schema.validate(parse_json(body))
-            result = op(self, Ctx(request, params, parsed, peer))
+            data = body if is_post and r.schema is None else b""
+            result = op(self, Ctx(request, params, parsed, peer, data))
             if r.raw:
                 return await result  # type: ignore[no-any-return]
             status, obj = result
@@ -239,6 +241,8 @@ class CoordinatorApp:
 
     def route_limit(self, r: Route) -> int:
         """The body size limit of route ``r`` in bytes."""
+        if r.limit == "probe":
+            return MAX_PROBE_BYTES
         return self.cfg.node_body_limit if r.limit == "node" else self.cfg.operator_body_limit
 
     def admit(self, content_length: int | None, limit: int) -> None:

@@ -11,15 +11,16 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from distronet.coordinator.routes import Ctx, Served
+from distronet.coordinator.routes import JSON, Ctx, Served, encode_json
 from distronet.protocol.coordinator_api import ApiError, ApiErrorCode
 from distronet.protocol.errors import ConfigError
-from distronet.protocol.limits import MAX_TOKENIZER_BYTES
+from distronet.protocol.limits import MAX_PROBE_BYTES, MAX_TOKENIZER_BYTES
 from distronet.protocol.run_file import file_beside
 
 if TYPE_CHECKING:
@@ -31,6 +32,8 @@ log = logging.getLogger("distronet.coordinator")
 # sha256 of each tokenizer file served, by (path, size, mtime_ns): hashed once, not per request
 _TOKENIZER_SHA: dict[tuple[str, int, int], str] = {}
 _TOKENIZER_SHA_MAX = 64
+_PROBE_CHUNK = 256 * 1024  # a download probe is written in pieces of this size
+_PROBE_NOISE: list[bytes] = []  # MAX_PROBE_BYTES of random bytes, made at the first probe
 
 
 def _run_id(ctx: Ctx) -> str:
@@ -188,6 +191,49 @@ async def shard(app: Served, ctx: Ctx) -> web.StreamResponse:
     if path is None:
         raise ApiError(ApiErrorCode.NOT_FOUND, f"shard {sid!r} is not served by this coordinator")
     return web.FileResponse(path, headers={"ETag": f'"{s.sha256}"', "Cache-Control": "public, max-age=86400"})
+
+
+def _probe_noise() -> bytes:
+    """Random bytes (incompressible: no proxy or transport compression flatters a rate), made
+    once per process and shared by every download probe."""
+    if not _PROBE_NOISE:
+        _PROBE_NOISE.append(os.urandom(MAX_PROBE_BYTES))
+    return _PROBE_NOISE[0]
+
+
+async def probe_down(app: Served, ctx: Ctx) -> web.StreamResponse:
+    """``?bytes=N`` bytes of noise (``application/octet-stream``, not cached) for the caller to
+    time a download; N in 1..``MAX_PROBE_BYTES``, checked before anything is sent (400
+    ``invalid_field`` otherwise). 404 for an unknown run."""
+    app.svc.run(_run_id(ctx))
+    assert ctx.request is not None
+    raw = ctx.request.query.get("bytes", "")
+    if not (0 < len(raw) <= 9 and raw.isdigit() and 1 <= int(raw) <= MAX_PROBE_BYTES):
+        raise ApiError(
+            ApiErrorCode.INVALID_FIELD,
+            f"bytes must be an integer in 1..{MAX_PROBE_BYTES}",
+            field="query.bytes",
+        )
+    n = int(raw)
+    resp = web.StreamResponse(
+        headers={"Content-Type": "application/octet-stream", "Cache-Control": "no-store"}
+    )
+    resp.content_length = n
+    await resp.prepare(ctx.request)
+    noise = memoryview(_probe_noise())
+    for at in range(0, n, _PROBE_CHUNK):
+        await resp.write(noise[at : min(n, at + _PROBE_CHUNK)])
+    await resp.write_eof()
+    return resp
+
+
+async def probe_up(app: Served, ctx: Ctx) -> web.StreamResponse:
+    """Count the body (read by the pipeline within ``MAX_PROBE_BYTES``: a larger one is 413
+    ``too_large``, a declared one before it is read) and drop it: ``{"bytes": n}``. The caller
+    times the call to get its upload rate. 404 for an unknown run."""
+    app.svc.run(_run_id(ctx))
+    body = encode_json({"bytes": len(ctx.data)}).encode()
+    return web.Response(body=body, headers={"Content-Type": JSON, "Cache-Control": "no-store"})
 
 
 def _sha256_of(path: Path) -> str:

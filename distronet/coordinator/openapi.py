@@ -12,6 +12,7 @@ from distronet.protocol.coordinator_api import (
     ApiErrorCode,
 )
 from distronet.protocol.coordinator_session import HDR_MAC, HDR_SESSION
+from distronet.protocol.limits import MAX_PROBE_BYTES
 
 if TYPE_CHECKING:
     from distronet.coordinator.routes import Route
@@ -49,6 +50,22 @@ def build_openapi(routes: list[Route], version: str) -> dict[str, Any]:
             params.append(
                 {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 1000}}
             )
+        if r.name == "probe_down":
+            params.append(
+                {
+                    "name": "bytes",
+                    "in": "query",
+                    "required": True,
+                    "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PROBE_BYTES},
+                }
+            )
+        if r.name == "probe_up":
+            op["requestBody"] = {
+                "required": True,
+                "content": {
+                    "application/octet-stream": {"schema": {"type": "string", "maxLength": MAX_PROBE_BYTES}}
+                },
+            }
         if r.auth == "signed":
             for h in (HDR_PEER, HDR_TIME, HDR_NONCE):
                 params.append({"name": h, "in": "header", "required": True, "schema": {"type": "string"}})
@@ -134,6 +151,27 @@ def _responses(r: Route) -> dict[str, Any]:
         out["409"] = {"description": "conflict (lease lost, run exists)", **err}
     if r.name == "create_run":
         out["201"] = {"description": "created"}
+    if r.name == "probe_down":
+        out["200"] = {
+            "description": "exactly `bytes` bytes of noise",
+            "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+        }
+    if r.name == "probe_up":
+        out["200"] = {
+            "description": "the body's size; the body itself is dropped",
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["bytes"],
+                        "properties": {
+                            "bytes": {"type": "integer", "minimum": 0, "maximum": MAX_PROBE_BYTES}
+                        },
+                    }
+                }
+            },
+        }
+        out.pop("415", None)  # any content type: the bytes are only counted
     if r.name == "tokenizer":
         out["200"] = {
             "description": "the run's tokenizers JSON file, byte for byte; a node "

@@ -36,7 +36,7 @@ HOT = ("heartbeat", "lease", "renew", "complete")  # nearly all traffic: :mod:`.
 
 @dataclass(frozen=True)
 class Route:
-    """One API route. ``auth`` is none|operator|signed; ``limit`` is node|operator (body size).
+    """One API route. ``auth`` is none|operator|signed; ``limit`` is node|operator|probe (body size).
 
     A ``signed`` route also takes a session MAC in place of the signature unless ``mac`` is False
     (opening a session needs the peer key itself).
@@ -60,12 +60,14 @@ class Route:
 @dataclass(slots=True)
 class Ctx:
     """What the pipeline hands an operation: the request, its path parameters (``run_id``,
-    ``unit``, ...), its validated body and the authenticated peer (signed routes)."""
+    ``unit``, ...), its validated body, the authenticated peer (signed routes) and, for a POST
+    route without a schema, the body's bytes as read (``data``, within the route's limit)."""
 
     request: web.BaseRequest | None  # None on the hot path (those handlers never read it)
     params: Mapping[str, str]
     body: dict[str, Any]
     peer: str | None
+    data: bytes = b""
 
 
 class Served(Protocol):
@@ -155,6 +157,25 @@ ROUTES: list[Route] = [
     ),
     R("POST", "/runs/{run_id}/receipts", "receipts", "signed", api.RECEIPTS, "Signed packet receipts."),
     R("POST", "/runs/{run_id}/leave", "leave", "signed", api.EMPTY, "Leave the run, giving leases back."),
+    R(
+        "GET",
+        "/runs/{run_id}/probe",
+        "probe_down",
+        "none",
+        None,
+        "?bytes=N (1..MAX_PROBE_BYTES) bytes of noise, to time a download (distro-node doctor).",
+        raw=True,
+    ),
+    R(
+        "POST",
+        "/runs/{run_id}/probe",
+        "probe_up",
+        "none",
+        None,
+        "A body of at most MAX_PROBE_BYTES, counted and dropped, to time an upload (distro-node doctor).",
+        limit="probe",
+        raw=True,
+    ),
     R("GET", "/metrics", "metrics", "none", None, "Prometheus metrics.", raw=True),
 ]
 

@@ -60,6 +60,9 @@ class NodeRecord:
     # receipts for its packets, oldest first: (received_at, step, acceptor)
     receipt_log: deque[tuple[float, int, str]] = field(default_factory=lambda: deque(maxlen=RECEIPT_LOG))
     spent: set[int] = field(default_factory=set)  # steps that already backed a credited unit
+    # its last heartbeat's ``reach`` (connected peers by route, the diagnosis cause); kept in
+    # memory only: live state that the next heartbeat refreshes, None until one reports it
+    reach: dict[str, Any] | None = None
     # (the multiaddrs list last encoded, its JSON): a row is staged on every node call
     _maddrs_json: tuple[object, str] = field(default=(None, ""), init=False, repr=False, compare=False)
 
@@ -87,6 +90,7 @@ class NodeRecord:
             "steps_acknowledged": self.steps,
             "tokens_per_s": round(self.speed, 3),
             "last_step": self.last_step,
+            "reach": self.reach,
         }
 
     def may_credit(self, step: int, acceptor: str = "", want: int = 1) -> bool:

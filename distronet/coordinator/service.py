@@ -380,6 +380,8 @@ class Coordinator:
         node.last_step = max(node.last_step, step)
         if req["multiaddrs"] is not None:
             node.multiaddrs = req["multiaddrs"]
+        if req["reach"] is not None:
+            node.reach = req["reach"]
         renewed = 0
         for n in sorted(run.book.held.get(node.peer, ())):
             u = run.book.units[n]

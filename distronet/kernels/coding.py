@@ -163,5 +163,24 @@ def warm() -> bool:
             out, flat.tensor_ids, flat.n, flat.k, flat.offsets, flat.idx, flat.val, one, one, table, local_at
         )
     scatter_part(out, flat.idx.reshape(1, -1), flat.val.reshape(1, -1), one, table, 64)  # decode.decode_sum
+    from distronet.kernels.topk_jit import select  # the compiled top-k (topk._select_compiled)
+
+    y = np.arange(64, dtype=np.float32)
+    select(
+        y.view(np.uint32),
+        y,
+        0x7F800000,
+        1,
+        1,
+        1,
+        1,
+        64,
+        4,
+        16,
+        0,
+        1,
+        np.empty((1, 4), np.int64),
+        np.empty((1, 4), np.float32),
+    )
     mark_warm()
     return True

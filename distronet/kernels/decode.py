@@ -58,6 +58,13 @@ from distronet.kernels.dct import (
     work_dtype,
 )
 from distronet.kernels.decode_plan import SMALL_COEFFICIENTS, BatchPlan, invert, plan_batch
+from distronet.kernels.decode_sparse import (
+    SPARSE_MAX_K_BIG,
+    SPARSE_MAX_K_SMALL,
+    sparse_blocks,
+    sparse_limit,
+    sparse_tensors,
+)
 from distronet.kernels.layout import ChunkLayout
 from distronet.kernels.workspace import scratch
 from distronet.protocol.errors import KernelError
@@ -71,6 +78,7 @@ __all__ = [
     "Part",
     "choose_method",
     "decode_flat",
+    "decode_flat_methods",
     "decode_sum",
     "plan_batch",
     "scatter_sum",
@@ -78,17 +86,6 @@ __all__ = [
 
 Part = tuple[torch.Tensor, torch.Tensor]
 Method = Literal["auto", "dense", "sparse"]
-
-SPARSE_MAX_K_BIG = 1 / 16
-SPARSE_MAX_K_SMALL = 1 / 8
-"""``auto`` picks the sparse inverse while the total ``K`` per chunk is at most
-``SPARSE_MAX_K_SMALL * bc`` for tensors of at most ``SMALL_COEFFICIENTS`` coefficients and
-``SPARSE_MAX_K_BIG * bc`` above. Measured on CPU (2 threads, chunk 64): on a 512 x 512 tensor the
-batched product takes ~0.4x the dense inverse at K = 4 and crosses it near K = 32-64; on
-4096 x 4096 both are memory-bound, equal at K = 4, dense ahead from K = 32. The sparse cost grows
-with K while the dense one does not, so the limits stay well below the crossing: that keeps
-decoding 16 packets within 3x of decoding 1."""
-
 
 Group = tuple[torch.Tensor, torch.Tensor]
 """Parts of one ``k`` stacked: ``idx`` int64 ``(P, n_chunks, k)`` and ``val`` ``(P, n_chunks, k)``."""
@@ -177,10 +174,9 @@ def scatter_sum(
 
 
 def choose_method(layout: ChunkLayout, total_k: int) -> Literal["dense", "sparse"]:
-    """The inverse ``auto`` uses for ``total_k`` coefficients per chunk."""
-    small = layout.n_coefficients <= SMALL_COEFFICIENTS
-    limit = (SPARSE_MAX_K_SMALL if small else SPARSE_MAX_K_BIG) * layout.block[-1]
-    return "sparse" if total_k <= limit else "dense"
+    """The inverse ``auto`` uses for ``total_k`` coefficients per chunk (limits in
+    :mod:`decode_sparse`)."""
+    return "sparse" if total_k <= sparse_limit(layout) else "dense"
 
 
 def _dense(layout: ChunkLayout, groups: Sequence[Group], dt: torch.dtype, dev: torch.device) -> torch.Tensor:
@@ -253,6 +249,9 @@ def _sparse(layout: ChunkLayout, groups: Sequence[Group], dt: torch.dtype, dev: 
         # (P, N, k) -> (N, P * k): every chunk's coefficients from every part, side by side.
         idx = idx.permute(1, 0, 2).reshape(layout.n_chunks, -1)
         val = val.permute(1, 0, 2).reshape(layout.n_chunks, -1)
+        if blocks is None:  # the product decode_flat's sparse inverse makes (decode_sparse)
+            blocks = sparse_blocks(layout.block, idx, val)
+            continue
         n, kk = idx.shape
         # Chunk n = sum_j val_j * outer(D_r[u_j, :], D_c[v_j, :]) = A_n^T B_n (for 1-D: u_j = 0).
         if len(layout.block) == 1:
@@ -264,10 +263,7 @@ def _sparse(layout: ChunkLayout, groups: Sequence[Group], dt: torch.dtype, dev: 
                 .mul_(val.unsqueeze(-1))
             )
         b = torch.index_select(basis_c, 0, (idx % bc).reshape(-1)).view(n, kk, bc)
-        if blocks is None:
-            blocks = torch.bmm(a.transpose(1, 2), b)  # (N, br, bc), chunk order
-        else:
-            blocks.baddbmm_(a.transpose(1, 2), b)
+        blocks.baddbmm_(a.transpose(1, 2), b)
     assert blocks is not None
     return tensor_from_blocks(blocks, layout)
 
@@ -376,11 +372,26 @@ def decode_flat(
 
     Returns one tensor per layout (zeros where no payload carries it). The payloads' indices were
     checked by the payload decoder; their ``(n_chunks, chunk_numel)`` must be the layouts'.
-    Cost: zeroing the buffer, one scatter of all payloads' entries, one inverse per block shape.
+    Cost: zeroing the buffer, one scatter of all payloads' entries, one inverse per block shape;
+    tensors whose summed ``k`` is small are rebuilt from their coefficients instead
+    (:mod:`decode_sparse`: one batched product per block shape).
 
     Raises:
         KernelError: a payload does not fit ``layouts``.
     """
+    return decode_flat_methods(layouts, payloads, dtype=dtype, device=device)[0]
+
+
+def decode_flat_methods(
+    layouts: Sequence[ChunkLayout],
+    payloads: Sequence[FlatPayload],
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> tuple[list[torch.Tensor], list[Literal["dense", "sparse"]]]:
+    """:func:`decode_flat`, and per tensor the inverse it took. A tensor inverted ``sparse`` here
+    is bit for bit what :func:`decode_sum` gives (which then chooses ``sparse`` too); one
+    inverted ``dense`` is, where :func:`choose_method` says ``dense`` for its summed ``k``."""
     plan = plan_batch(tuple(layouts))
     dt, dev = work_dtype(dtype), torch.device(device)
     checked: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
@@ -396,11 +407,17 @@ def decode_flat(
             raise KernelError("a payload's tensors do not match the layouts")
         checked.append((ids, flat.n, flat.cn))
     with torch.no_grad():
-        buf = _buffer(plan, dt, dev)
         live = [flat for flat in payloads if flat.idx.size]
+        done = sparse_tensors(plan, live, dt, dev)
+        methods: list[Literal["dense", "sparse"]] = [
+            "sparse" if t in done else "dense" for t in range(len(layouts))
+        ]
+        if len(done) == len(layouts):
+            return [done[t] for t in range(len(layouts))], methods
+        buf = _buffer(plan, dt, dev)
         if live and dev.type == "cpu" and dt == torch.float32 and use_jit():
             _scatter_compiled(plan, buf, live)
-            return invert(plan, buf)
+            return invert(plan, buf, done), methods
         if len(live) == 1:
             pos_np, val_np = _flat_positions(plan, live[0]), live[0].val
         elif live:  # one scatter for all: entries keep their order (packet by packet)
@@ -409,4 +426,4 @@ def decode_flat(
         if live:
             pos = torch.from_numpy(pos_np).to(dev)
             buf.index_add_(0, pos, torch.from_numpy(val_np).to(device=dev, dtype=dt))
-        return invert(plan, buf)
+        return invert(plan, buf, done), methods

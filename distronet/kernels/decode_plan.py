@@ -11,6 +11,7 @@ tensors sit in spatial order and get the usual two-GEMM inverse
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -127,13 +128,22 @@ def plan_batch(layouts: tuple[ChunkLayout, ...]) -> BatchPlan:
     )
 
 
-def invert(plan: BatchPlan, buf: torch.Tensor) -> list[torch.Tensor]:
+def invert(
+    plan: BatchPlan, buf: torch.Tensor, done: Mapping[int, torch.Tensor] | None = None
+) -> list[torch.Tensor]:
     """The dense tensors (one per layout, ``layout.shape``) of the coefficient buffer ``buf``
     (``(plan.size,)``, laid out by ``plan``): one pair of matrix products per block shape of
-    the small tensors, the two-GEMM spatial inverse per big one. Results may share storage."""
+    the small tensors, the two-GEMM spatial inverse per big one. Results may share storage.
+
+    ``done``: tensors already decoded (by position), returned as given; a block shape all of
+    whose tensors are done, and a big tensor that is, are not inverted."""
     out: list[torch.Tensor | None] = [None] * len(plan.layouts)
+    for t, x in (done or {}).items():
+        out[t] = x
     dt, dev = buf.dtype, buf.device
     for g in plan.groups:
+        if all(out[t] is not None for t in g.members):
+            continue
         region = buf[g.start : g.start + g.n_chunks * int(np.prod(g.block))]
         if len(g.block) == 1:  # member by member: a product of few rows (a bias's 2) may take
             # another BLAS kernel than the same rows inside a taller one (AVX-512 MKL: last bits
@@ -154,13 +164,16 @@ def invert(plan: BatchPlan, buf: torch.Tensor) -> list[torch.Tensor]:
         row = 0
         for t in g.members:
             lay = plan.layouts[t]
+            if out[t] is not None:
+                row += lay.n_chunks
+                continue
             y = tensor_from_blocks(x[row : row + lay.n_chunks], lay)
             if len(g.block) > 1 and y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
                 y = y.clone()  # a view of the scratch product (one column of chunks): never returned
             out[t] = y
             row += lay.n_chunks
     for t, lay in enumerate(plan.layouts):
-        if plan.big[t]:
+        if plan.big[t] and out[t] is None:
             region = buf[plan.offset[t] : plan.offset[t] + lay.n_coefficients]
             spatial = (lay.grid[0], lay.block[0]) if len(lay.block) == 1 else (lay.batch, *lay.padded)
             out[t] = idct_spatial(region.view(spatial), lay)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import torch
 
+from distronet.kernels.coding_fast import use_jit
 from distronet.kernels.dct import forward_spatial, index_tables, spatial_index, work_dtype
 from distronet.kernels.layout import ChunkLayout
 from distronet.kernels.workspace import scratch
@@ -96,9 +98,43 @@ def _two_stage(
     return idx, y5.reshape(-1)[base + local[idx]]
 
 
+JIT_SEGMENTS = (64, 32, 16, 8, 4, 2, 1)
+"""Segment lengths of the compiled selection, longest first (measured on 212 chunks of 64 x 64
+of Gaussian noise, one thread: at k = 32 segments of 64 take 1.1 ms, of 8 1.8 ms, the torch
+two-stage 2.3 ms)."""
+
+JIT_MIN_K = 16
+"""The compiled selection runs from this k up. Measured on real momentum, one thread, chunk 64
+(AMD EPYC, loaded machine, minimum of 21): the built-in GPT's 212 chunks 1.56 ms against the
+torch path's 2.45 at k = 32, 0.79 against 0.79 at k = 4; the 5.3M-parameter Llama's 784 chunks of
+its small tensors 8.4 against 11.6 at k = 32 but 7.1 against 3.7 at k = 4."""
+
+
+def _select_compiled(y5: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """:func:`topk_jit.select` of a CPU float32 ``y5`` once the compiled code is warm
+    (:func:`coding_fast.use_jit`), else None; None too for a NaN (the torch path then runs)."""
+    if k < JIT_MIN_K or not use_jit() or y5.device.type != "cpu" or y5.dtype != torch.float32:
+        return None
+    if not y5.is_contiguous():
+        return None
+    from distronet.kernels.topk_jit import OK, select
+
+    b, gr, br, gc, bc = y5.shape
+    g = next(g for g in JIT_SEGMENTS if bc % g == 0 and br * bc // g >= k)
+    y = y5.detach().numpy().reshape(-1)
+    n = b * gr * gc
+    idx, val = np.empty((n, k), dtype=np.int64), np.empty((n, k), dtype=np.float32)
+    if select(y.view(np.uint32), y, 0x7F800000, b, gr, br, gc, bc, k, g, 0, n, idx, val) != OK:
+        return None
+    return torch.from_numpy(idx), torch.from_numpy(val)
+
+
 def _select(
     y5: torch.Tensor, k: int, chunk_numel: int, chunk_tables: tuple[torch.Tensor, torch.Tensor] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    fast = _select_compiled(y5, k)
+    if fast is not None:
+        return fast
     g = segment_length(y5.shape[-1], chunk_numel, k)
     if g is None:
         return None

@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     from distronet.node import export, join
     from distronet.node.bench import cli as bench_cli
     from distronet.node.data import cli as data_cli
+    from distronet.node.doctor import cli as doctor_cli
 
     parser = argparse.ArgumentParser(
         prog="distro-node",
@@ -33,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     data_cli.add_parser(sub)
     bench_cli.add_parser(sub)
     export.add_parser(sub)
+    doctor_cli.add_parser(sub)
     return parser
 
 

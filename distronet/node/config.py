@@ -29,6 +29,7 @@ from typing import Any
 
 import tomllib
 
+from distronet.node.models.fit import parse_size
 from distronet.node.swarm.budget import parse_rate
 from distronet.protocol.errors import ConfigError
 
@@ -62,6 +63,12 @@ class NetConfig:
     listen: str = _f("/ip4/0.0.0.0/tcp/0", "libp2p listen multiaddr (comma-separated for several)")
     nat_traversal: bool = _f(True, "AutoNAT, UPnP and relays (turn off on loopback)")
     gossip_heartbeat_s: float = _f(1.0, "gossipsub heartbeat in seconds")
+    reach_diagnosis_after_s: float = _f(
+        60.0, "with no peer reached for this many seconds, log why (cause and remedy) and show it"
+    )
+    reach_diagnosis_every_s: float = _f(
+        600.0, "repeat that diagnosis in the log this often (or on a new cause)"
+    )
     p2pd_metrics_port: int = _f(0, "serve p2pd's own libp2p metrics on this port (0: off)")
     p2pd_gogc: int = _f(
         400,
@@ -75,6 +82,8 @@ class NetConfig:
             raise ConfigError("listen must name at least one multiaddr")
         if self.gossip_heartbeat_s <= 0:
             raise ConfigError(f"gossip_heartbeat_s must be > 0, got {self.gossip_heartbeat_s}")
+        if self.reach_diagnosis_after_s <= 0 or self.reach_diagnosis_every_s <= 0:
+            raise ConfigError("reach_diagnosis_after_s and reach_diagnosis_every_s must be > 0")
         if self.p2pd_gogc < 0:
             raise ConfigError(f"p2pd_gogc must be >= 0, got {self.p2pd_gogc}")
 
@@ -116,6 +125,11 @@ class TrainConfig:
     fit_check: bool = _f(
         True, "before downloading anything, refuse a run whose model does not fit this device's memory"
     )
+    memory_cap: str = _f(
+        "",
+        "the most memory training may take here, e.g. 6GB or 512MiB (the fit check holds the run to "
+        "it; empty: what the device has free)",
+    )
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -126,6 +140,8 @@ class TrainConfig:
         for name in counts:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.memory_cap:
+            parse_size(self.memory_cap)
         if self.state_quorum < 1:
             raise ConfigError(f"state_quorum must be >= 1, got {self.state_quorum}")
         if self.min_peers < 1 or self.start_timeout_s <= 0 or self.max_seconds < 0:

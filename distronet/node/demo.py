@@ -1,7 +1,8 @@
 """`make demo`: a real local swarm — a coordinator and 3 `distro-node join` processes on loopback.
 
 It prints the dashboard's URL first, then the nodes train the built-in GPT (shrunk so a laptop
-CPU does a step in well under a second) on the built-in corpus until Ctrl-C (SIGINT, or
+CPU does a step in well under a second) on the built-in English corpus (Debian's fortunes; the
+code corpus where they are not installed) until Ctrl-C (SIGINT, or
 SIGTERM), printing each step's status. Then every node is stopped (SIGTERM: it finishes its
 step, saves, leaves the run, stops its p2pd), the coordinator too, and a summary table shows per
 node: steps, first and last loss, parameter digest, bytes up/down and exit code; exit code 0 when
@@ -54,6 +55,12 @@ TINY_MODEL = {
 }
 
 
+_CORPUS_NAMES = {
+    "english": "English fortunes (Debian's fortunes package)",
+    "code": "standard library's source (apt-get install fortunes for English)",
+}
+
+
 class SwarmFailure(RuntimeError):
     """A local swarm process did not do what it should in time; the message says which."""
 
@@ -69,17 +76,22 @@ def write_run(
     lr: float = 3e-3,
     lease_ttl_s: float = 60.0,
     node_timeout_s: float = 15.0,
+    corpus: str = "code",
 ) -> Path:
-    """Shards of the built-in corpus, their manifest and a run TOML under ``folder``; the TOML's path.
+    """Shards of a built-in corpus (``corpus``: "code", the standard library's source, or
+    "english", Debian's fortunes), their manifest and a run TOML under ``folder``; the TOML's path.
 
     A shard of ``shard_tokens`` tokens lasts ``shard_tokens // (batch * seq_len)`` steps; a lease
     not renewed (by heartbeats) for ``lease_ttl_s`` seconds expires and is reissued.
     """
     from distronet.node.data import load_builtin_corpus
+    from distronet.node.data.english import load_english_corpus
 
+    if corpus not in ("code", "english"):
+        raise ValueError(f"corpus must be 'code' or 'english', not {corpus!r}")
     data = folder / "data"
     data.mkdir(parents=True, exist_ok=True)
-    tokens = load_builtin_corpus().train
+    tokens = (load_english_corpus() if corpus == "english" else load_builtin_corpus()).train
     entries = []
     for i in range(shards):
         raw = tokens[i * shard_tokens : (i + 1) * shard_tokens].astype("uint8").tobytes()
@@ -369,8 +381,12 @@ def main(steps: int | None = None, n_nodes: int = 3) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started with SIGINT ignored
     signal.signal(signal.SIGTERM, _raise_interrupt)
     interrupted = False
+    from distronet.node.data.english import ENGLISH_DIR
+
+    # English where Debian's fortunes are installed (make demo's corpus), else the code corpus
+    corpus = "english" if ENGLISH_DIR.is_dir() else "code"
     with _folder() as tmp:
-        run = write_run(tmp, "demo")
+        run = write_run(tmp, "demo", corpus=corpus)
         try:
             with LocalSwarm(tmp, run, "demo", own_session=True) as swarm:
                 try:
@@ -378,7 +394,8 @@ def main(steps: int | None = None, n_nodes: int = 3) -> int:
                     print(f"dashboard: {swarm.url}/dashboard/?run=demo", flush=True)
                     until = "Ctrl-C" if steps is None else f"{steps} steps"
                     print(f"distro-node demo: a coordinator and {n_nodes} nodes on loopback train the "
-                          f"built-in GPT until {until}; per step, each node's loss, peers and upload:",
+                          f"built-in GPT on the {_CORPUS_NAMES[corpus]} until {until}; per step, "
+                          "each node's loss, peers and upload:",
                           flush=True)  # fmt: skip
                     bound = () if steps is None else ("--max-steps", str(steps + 1000))  # no orphan runs on
                     for _ in range(n_nodes):

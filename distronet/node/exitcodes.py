@@ -18,4 +18,6 @@ class ExitCode(enum.IntEnum):
     NETWORK = 5  # the libp2p daemon could not start or join the swarm
     SHUTDOWN_TIMEOUT = 6  # still alive past the shutdown deadline: every thread's stack went to stderr
     TOKENIZER_MISMATCH = 8  # the coordinator sent a tokenizer that is not the run's (sha256, size)
+    WONT_FIT = 9  # the run's model does not fit this device's memory at its micro-batch (models/fit.py)
+    CANNOT_KEEP_UP = 10  # `doctor`: this machine cannot keep up with the run (its verdict says why)
     INTERRUPTED = 130  # forced exit after a second Ctrl-C

@@ -46,6 +46,9 @@ __all__ = [
     "HDR_TIME",
     "MANIFEST",
     "PEER_RE",
+    "REACH",
+    "REACH_CAUSES",
+    "REACH_MAX_LINKS",
     "SCHEMAS",
     "ApiError",
     "ApiErrorCode",
@@ -249,6 +252,7 @@ class Field:
     enum: tuple[str, ...] | None = None
     items: Field | Schema | None = None  # list items
     schema: Schema | None = None  # nested object
+    fill: bool = True  # an absent, optional nested object: its schema's defaults (False: None)
     description: str = ""
 
     def check(self, value: Any, where: str) -> Any:
@@ -355,7 +359,7 @@ class Schema:
                 out[f.name] = f.check(obj[f.name], f"{where}.{f.name}")
             elif f.required:
                 raise _bad(f"{where}.{f.name}", "is required")
-            elif f.schema is not None:
+            elif f.schema is not None and f.fill:
                 out[f.name] = f.schema.validate({}, f"{where}.{f.name}")
             else:
                 out[f.name] = copy.copy(f.default)
@@ -541,12 +545,26 @@ LEASE = Schema(
     ),
 )
 LEASE_TOKEN = Schema("LeaseTokenRequest", (Field("lease_token", "str", pattern=TOKEN_RE),))
+REACH_MAX_LINKS = 4096  # connected peers counted per route in a heartbeat's ``reach``
+# How the node reaches its peers (node/swarm/reach.py) and, when it reaches none, why
+# (node/swarm/diagnose.py's causes; "" while it reaches one).
+REACH_CAUSES = ("no_relay", "alone", "firewall", "symmetric_nat", "unreachable")
+REACH = Schema(
+    "Reach",
+    (
+        Field("direct", "int", minimum=0, maximum=REACH_MAX_LINKS),
+        Field("hole_punched", "int", minimum=0, maximum=REACH_MAX_LINKS),
+        Field("relayed", "int", minimum=0, maximum=REACH_MAX_LINKS),
+        Field("diagnosis", "str", required=False, default="", enum=("", *REACH_CAUSES)),
+    ),
+)
 HEARTBEAT = Schema(
     "HeartbeatRequest",
     (
         Field("step", "int", minimum=0, maximum=2**53),
         Field("loss", "float", required=False, minimum=0, maximum=1e6),
         Field("multiaddrs", "list", required=False, max_length=16, items=MADDR),
+        Field("reach", "object", required=False, schema=REACH, fill=False),
     ),
 )
 RECEIPT = Schema(
@@ -566,6 +584,6 @@ SCHEMAS: Mapping[str, Schema] = {
     s.name: s
     for s in (
         SHARD, MANIFEST, DATA, BANDWIDTH, ADMISSION, CREDIT, CREATE_RUN, CREATE_TOKENS, EVICT,
-        CHALLENGE, JOIN, LEASE, LEASE_TOKEN, HEARTBEAT, RECEIPT, RECEIPTS, EMPTY,
+        CHALLENGE, JOIN, LEASE, LEASE_TOKEN, REACH, HEARTBEAT, RECEIPT, RECEIPTS, EMPTY,
     )
 }  # fmt: skip

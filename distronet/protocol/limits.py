@@ -19,7 +19,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_LIMITS", "DEFAULT_STREAM_LIMITS", "MAX_TOKENIZER_BYTES", "Limits", "StreamLimits"]
+__all__ = [
+    "DEFAULT_LIMITS",
+    "DEFAULT_STREAM_LIMITS",
+    "MAX_PROBE_BYTES",
+    "MAX_TOKENIZER_BYTES",
+    "Limits",
+    "StreamLimits",
+]
 
 _MiB = 1 << 20
 
@@ -27,6 +34,11 @@ MAX_TOKENIZER_BYTES = 64 * _MiB
 """A run's tokenizer file (a Hugging Face ``tokenizers`` JSON): the most ``data prepare`` reads,
 the coordinator serves (``GET /runs/{run_id}/tokenizer.json``) and a node downloads. The largest
 common ones (256k-token vocabularies) are about 35 MB."""
+
+MAX_PROBE_BYTES = 4 * _MiB
+"""The most bytes one transfer probe of the coordinator carries, either way
+(``GET``/``POST /runs/{run_id}/probe``, what `distro-node doctor` times): checked before the
+coordinator allocates or reads, and by the node before it sends."""
 
 
 @dataclass(frozen=True)

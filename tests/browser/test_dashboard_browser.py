@@ -8,6 +8,9 @@ Steps:
     row appears, live, with no reload;
  4. A leases a unit and heartbeats step 5, loss 3.25: the step, the loss chart's first point and
     A's row update; node B joins (its row appears) and the page shows the lease (1 leased, 3 pending);
+    A's heartbeat also reported its reach (2 direct, 1 hole-punched, 1 relayed peer): its reach
+    cell says so, B's says "–" until B heartbeats that it reaches nobody (no relay), then shows
+    that diagnosis;
  5. A completes its unit: 1 done, 0 leased; the leaderboard ranks A first with 100 tokens, 1 shard;
  6. A heartbeats step 9, loss 2.5 until the coordinator emits a second loss point (it averages
     reports over half a second): the chart has 2 points, the step reads 9;
@@ -179,6 +182,7 @@ def _text_is(id_: str) -> str:
 
 ROW_STATE = "([peer, state]) => { const r = document.querySelector(`#peers tr[data-peer='${peer}']`); return !!r && r.dataset.state === state; }"  # noqa: E501
 ROW_STEP = "([peer, step]) => { const r = document.querySelector(`#peers tr[data-peer='${peer}'] td.step`); return !!r && r.textContent === step; }"  # noqa: E501
+ROW_REACH = "([peer, text]) => { const r = document.querySelector(`#peers tr[data-peer='${peer}'] td.reach`); return !!r && r.textContent === text; }"  # noqa: E501
 POINTS_AT_LEAST = "(n) => Number(document.getElementById('loss-chart').dataset.points) >= n"
 CONN_IS = "(s) => document.getElementById('conn').dataset.state === s"
 BOARD_FIRST = (
@@ -231,13 +235,25 @@ async def test_dashboard_follows_a_run_live_and_reconnects(coordinator: Coordina
 
                 # 4. a lease, a step and a loss; a second node
                 (lease,) = await ca.lease(1)
-                await ca.heartbeat(5, loss=3.25)
+                await ca.heartbeat(5, loss=3.25, reach={"direct": 2, "hole_punched": 1, "relayed": 1})
                 await _until(page, _text_is("step"), "5", "step 5")
                 await _until(page, POINTS_AT_LEAST, 1, "the first loss point")
                 await _until(page, _text_is("loss-latest"), "3.2500", "loss 3.25")
                 await _until(page, ROW_STEP, [a.peer_id_b58, "5"], "A's row at step 5")
                 await cb.join(agent="browser-test/B")
                 await _until(page, ROW_STATE, [b.peer_id_b58, "active"], "B's row, active")
+                # 4b. the reach column: A's routes; B, behind a blocked relay, reaches nobody
+                await _until(
+                    page, ROW_REACH, [a.peer_id_b58, "2 direct · 1 punched · 1 relayed"], "A's reach"
+                )
+                await _until(page, ROW_REACH, [b.peer_id_b58, "–"], "B's reach, not reported yet")
+                await cb.heartbeat(
+                    0, reach={"direct": 0, "hole_punched": 0, "relayed": 0, "diagnosis": "no_relay"}
+                )
+                shown = "0 direct · 0 relayed reaches nobody: no relay"
+                await _until(page, ROW_REACH, [b.peer_id_b58, shown], "B's reach with its diagnosis")
+                cause = f"#peers tr[data-peer='{b.peer_id_b58}'] td.reach .diagnosis"
+                assert await page.get_attribute(cause, "data-cause") == "no_relay"
                 await _until(page, _text_is("shards-leased"), "1", "1 leased unit")
                 await _until(page, _text_is("shards-pending"), "3", "3 pending units")
 

@@ -43,6 +43,7 @@ from distronet.protocol.coordinator_session import (
     new_ephemeral,
 )
 from distronet.protocol.identity import Identity
+from distronet.protocol.limits import MAX_PROBE_BYTES
 
 TOKEN = "fuzz-operator-token"
 ERROR_CODES = {c.value for c in ApiErrorCode}
@@ -322,7 +323,7 @@ def test_oversize_bodies_get_413(server: Server, member: Identity) -> None:
     from distronet.coordinator.routes import ROUTES
 
     for r in [r for r in ROUTES if r.method == "POST"]:
-        limit = NODE_LIMIT if r.limit == "node" else 1 << 20
+        limit = {"node": NODE_LIMIT, "probe": MAX_PROBE_BYTES}.get(r.limit, 1 << 20)
         body = b'{"pad": "' + b"x" * limit + b'"}'
         url = _fill(r.full_path, ["r1", "0"])
         for headers in (_js(), _op(), {**_js(), **sign_request(member, "POST", url, body)}):

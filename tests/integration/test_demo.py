@@ -118,6 +118,9 @@ def test_scripted_demo_stops_by_itself_after_demo_steps() -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.startswith("dashboard: http://127.0.0.1:")
     assert "  loss " in out.stdout and "demo OK (3 steps)" in out.stdout  # a fast step may go unprinted
+    # the English corpus where Debian's fortunes are installed (CI installs them), else the code one
+    english = Path("/usr/share/games/fortunes").is_dir()
+    assert ("on the English fortunes" in out.stdout) == english, out.stdout
 
 
 def test_demo_steps_from_the_environment() -> None:

@@ -14,7 +14,7 @@ from distronet.node.cli import build_parser, main
 def test_every_subcommand_is_registered() -> None:
     parser = build_parser()
     help_text = parser.format_help()
-    for name in ("join", "data", "bench"):
+    for name in ("join", "data", "bench", "export", "doctor"):
         assert name in help_text
 
 

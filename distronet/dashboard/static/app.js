@@ -404,6 +404,27 @@
     return td;
   }
 
+  // How a node reaches its peers (its last heartbeat's reach): counts by route, and the cause
+  // when it reaches none. Values come from the API: text only, never markup.
+  function reachCell(r) {
+    const td = el('td', '', 'reach');
+    if (!r || typeof r !== 'object') { td.textContent = '–'; return td; }
+    const parts = [fmtInt(r.direct) + ' direct'];
+    if (r.hole_punched) parts.push(fmtInt(r.hole_punched) + ' punched');
+    parts.push(fmtInt(r.relayed) + ' relayed');
+    td.appendChild(el('span', parts.join(' · '), 'routes'));
+    if (r.diagnosis) {
+      td.appendChild(document.createTextNode(' '));
+      const b = el('span', 'reaches nobody: ' + String(r.diagnosis).replace(/_/g, ' '), 'badge diagnosis');
+      b.dataset.cause = r.diagnosis;
+      td.appendChild(b);
+    }
+    td.dataset.direct = r.direct;
+    td.dataset.holePunched = r.hole_punched;
+    td.dataset.relayed = r.relayed;
+    return td;
+  }
+
   function renderPeers() {
     const tbody = $('peers').tBodies[0];
     const now = nowServerS();
@@ -421,20 +442,21 @@
       tr.appendChild(el('td', fmtInt(n.last_step), 'num step'));
       const seen = n.last_seen ? fmtDuration(Math.max(0, now - n.last_seen)) + ' ago' : '–';
       tr.appendChild(el('td', seen, 'num seen'));
+      tr.appendChild(reachCell(n.reach));
       tr.appendChild(el('td', n.agent || '', 'agent'));
       rows.push(tr);
     }
     if (nodes.length > MAX_PEER_ROWS) {
       const tr = el('tr');
       const td = el('td', '+ ' + (nodes.length - MAX_PEER_ROWS) + ' more');
-      td.colSpan = 5;
+      td.colSpan = 6;
       tr.appendChild(td);
       rows.push(tr);
     }
     if (rows.length === 0) {
       const tr = el('tr');
       const td = el('td', 'no peer has joined yet', 'empty');
-      td.colSpan = 5;
+      td.colSpan = 6;
       tr.appendChild(td);
       rows.push(tr);
     }

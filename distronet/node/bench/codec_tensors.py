@@ -94,7 +94,7 @@ def _momentum(
                 if step == steps - 1:
                     continue  # the last step's momentum, before its error feedback, is what it sends
                 lay = layouts[n]
-                sent = decode_sum(lay, [dct_topk(m, lay, min(32, lay.chunk_numel))])
+                sent = decode_sum(lay, [dct_topk(m, lay, min(32, lay.chunk_numel))], method="dense")
                 m.sub_(sent)
                 p.sub_(lr * sent.sign())
     return _make_set(f"{name}-momentum({steps} steps)", [(n, momentum[n]) for n, _ in params], chunk)

@@ -30,11 +30,13 @@ import subprocess
 import threading
 import time
 from collections.abc import Sequence
+from typing import Protocol
 
 from distronet.node.swarm.budget import parse_rate
 from distronet.protocol.errors import DistroError
 
 __all__ = [
+    "CountedNet",
     "LinkShape",
     "NetnsError",
     "ShapedNet",
@@ -84,6 +86,22 @@ def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 def _tc_bits(rate: str) -> str:
     """A rate for tc, in bit/s (tc's own unit words differ from ours)."""
     return f"{round(parse_rate(rate) * 8)}bit"
+
+
+class CountedNet(Protocol):
+    """What a sampler and a swarm need of a built net (``ShapedNet``, ``netns_nat.NatNet``)."""
+
+    @property
+    def n(self) -> int: ...
+
+    @property
+    def host_ip(self) -> str: ...
+
+    def node_ip(self, i: int) -> str: ...
+
+    def exec_prefix(self, i: int) -> list[str]: ...
+
+    def counters(self, i: int) -> tuple[int, int]: ...
 
 
 class ShapedNet:
@@ -242,7 +260,7 @@ class VethSampler:
     context manager (the thread stops on exit).
     """
 
-    def __init__(self, net: ShapedNet, interval_s: float = 0.5) -> None:
+    def __init__(self, net: CountedNet, interval_s: float = 0.5) -> None:
         self.net, self.interval_s = net, interval_s
         self.up: list[list[tuple[float, int]]] = [[] for _ in range(net.n)]
         self.down: list[list[tuple[float, int]]] = [[] for _ in range(net.n)]

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from distronet.node.bench.netns import ShapedNet
+from distronet.node.bench.netns import CountedNet
 from distronet.node.demo import LocalSwarm, SwarmFailure, write_run
 
 __all__ = ["NetnsSwarm", "SwarmFailure", "write_shaped_run"]
@@ -61,7 +61,7 @@ def write_shaped_run(
 class NetnsSwarm(LocalSwarm):
     """Coordinator on ``net.host_ip``; node ``i`` inside ``net.ns(i)``. A context manager."""
 
-    def __init__(self, net: ShapedNet, folder: Path, run_toml: Path, run_id: str) -> None:
+    def __init__(self, net: CountedNet, folder: Path, run_toml: Path, run_id: str) -> None:
         super().__init__(folder, run_toml, run_id, log=False)
         self.net = net
 

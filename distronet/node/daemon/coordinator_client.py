@@ -35,7 +35,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -377,14 +377,22 @@ class CoordinatorClient:
         return await self._report(item)
 
     async def heartbeat(
-        self, step: int, *, loss: float | None = None, multiaddrs: Sequence[str] | None = None
+        self,
+        step: int,
+        *,
+        loss: float | None = None,
+        multiaddrs: Sequence[str] | None = None,
+        reach: Mapping[str, Any] | None = None,
     ) -> dict[str, Any] | None:
-        """Liveness (renews this node's leases), step and loss. None when queued (coalesced)."""
+        """Liveness (renews this node's leases), step and loss, and how the node reaches its
+        peers (``reach``: ``coordinator_api.REACH``). None when queued (coalesced)."""
         body: dict[str, Any] = {"step": step}
         if loss is not None:
             body["loss"] = loss
         if multiaddrs is not None:
             body["multiaddrs"] = list(multiaddrs)
+        if reach is not None:
+            body["reach"] = dict(reach)
         return await self._report(
             {"kind": "heartbeat", "path": f"/runs/{self.run_id}/heartbeat", "body": body}
         )

@@ -26,6 +26,7 @@ from distronet.node.daemon.coordinator_client import CoordinatorClient, Coordina
 from distronet.node.daemon.errors import CALL_S, NodeError
 from distronet.node.daemon.metrics import NodeMetrics
 from distronet.node.daemon.parts import bootstrap_addrs, wait_decoder_warm
+from distronet.node.daemon.reachwatch import ReachWatch
 from distronet.node.daemon.shards import Shards
 from distronet.node.daemon.status import NodeStatus, StatusFile, StatusLine
 from distronet.node.exchange.base import ExchangeError, PeerDead
@@ -34,6 +35,7 @@ from distronet.node.exitcodes import ExitCode
 from distronet.node.swarm.errors import SwarmError
 from distronet.node.swarm.links import LinkWatch, repair_links
 from distronet.node.swarm.stack import Swarm
+from distronet.protocol.coordinator_api import REACH_MAX_LINKS
 from distronet.protocol.identity import Identity, peer_id_to_b58
 
 if TYPE_CHECKING:  # types only: the trainer imports torch, which the daemon loads in the background
@@ -45,6 +47,7 @@ __all__ = [
     "discover",
     "heartbeats",
     "live_peers",
+    "reach_report",
     "round_due",
     "train",
     "wait_for_peers",
@@ -83,6 +86,8 @@ class LoopParts:
     heartbeat_s: float
     run_has_peers: bool
     receipts: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # for the next heartbeat
+    # routes to peers and the "reaching nobody" diagnosis (its delays: cfg.net.reach_diagnosis_*)
+    reach: ReachWatch = dataclasses.field(default_factory=lambda: ReachWatch(60.0, 600.0))
 
 
 async def live_peers(swarm: Swarm, run_id: str) -> int:
@@ -111,12 +116,19 @@ async def discover(parts: LoopParts) -> int:
         return 0
     have = {p.to_base58() for p in await parts.swarm.host.connected_peers()}
     dialled = 0
-    for addr in bootstrap_addrs(joined.bootstrap_peers, parts.identity.peer_id_b58):
+    boot = bootstrap_addrs(joined.bootstrap_peers, parts.identity.peer_id_b58)
+    parts.reach.set_relays(boot)
+    for addr in boot:
         if addr.rsplit("/p2p/", 1)[-1] in have:
+            parts.reach.dialled(addr, True)
             continue
-        with contextlib.suppress(SwarmError):
+        try:
             await parts.swarm.host.connect(addr)
-            dialled += 1
+        except SwarmError:
+            parts.reach.dialled(addr, False)
+            continue
+        parts.reach.dialled(addr, True)
+        dialled += 1
     return dialled
 
 
@@ -142,8 +154,10 @@ async def send_receipts(parts: LoopParts) -> None:
 
 
 async def heartbeats(parts: LoopParts) -> None:
-    """Every heartbeat interval: report step and loss (buffered while the coordinator is down),
-    dial peers we do not know yet, refresh the peer count. Runs until cancelled."""
+    """Every heartbeat interval: report step, loss and reach (buffered while the coordinator is
+    down), refresh the peer count and the reach (``ReachWatch.check``: routes, diagnosis), dial
+    peers we do not know yet. The status file is written here too while no step runs (and when
+    the diagnosis changes). Runs until cancelled."""
     status = parts.status
     period = max(0.5, min(parts.heartbeat_s, 5.0))
     while True:
@@ -151,18 +165,38 @@ async def heartbeats(parts: LoopParts) -> None:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(
                 parts.client.heartbeat(
-                    max(parts.replica.step, 0), loss=loss if math.isfinite(loss) else None
+                    max(parts.replica.step, 0), loss=loss if math.isfinite(loss) else None,
+                    reach=reach_report(status),
                 ),
                 15.0,
-            )
+            )  # fmt: skip
         with contextlib.suppress(Exception):
             await send_receipts(parts)
         with contextlib.suppress(Exception):
             status.peers = await asyncio.wait_for(live_peers(parts.swarm, parts.cfg.run_id), 10.0)
             parts.metrics.peers.set(status.peers)
+            cause = status.diagnosis
+            await asyncio.wait_for(
+                parts.reach.check(parts.swarm, status, parts.metrics, parts.cfg.net.listen), 20.0
+            )
+            if status.state != "training" or status.diagnosis != cause:  # steps write it while training
+                parts.status_file.write(status)
+        with contextlib.suppress(Exception):
             if status.peers + 1 < parts.cfg.train.min_peers or status.peers == 0:
                 await discover(parts)
         await asyncio.sleep(period)
+
+
+def reach_report(status: NodeStatus) -> dict[str, Any]:
+    """The heartbeat's ``reach``: connected peers by route and the diagnosis cause ("" when a
+    peer is reached), within the protocol's bounds (``coordinator_api.REACH``)."""
+    cap = REACH_MAX_LINKS
+    return {
+        "direct": min(status.reach_direct, cap),
+        "hole_punched": min(status.reach_hole_punched, cap),
+        "relayed": min(status.reach_relayed, cap),
+        "diagnosis": status.diagnosis,
+    }
 
 
 async def watch_links(parts: LoopParts, period: float = 3.0) -> None:
@@ -176,7 +210,7 @@ async def watch_links(parts: LoopParts, period: float = 3.0) -> None:
         if not swarm.host.alive:
             return
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(repair_links(swarm, watch, topics), 30.0)
+            await asyncio.wait_for(repair_links(swarm, watch, topics, parts.reach.dialled), 30.0)
 
 
 async def wait_for_peers(parts: LoopParts) -> None:

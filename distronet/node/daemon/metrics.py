@@ -4,7 +4,10 @@ Names (all prefixed ``distro_node_``): ``steps_total``, ``step_seconds{phase=com
 (histogram), ``bytes_total{direction=up|down}`` (as on the wire), ``budget_bytes_per_second
 {direction}``, ``budget_utilisation{direction}`` (rate over the last step / budget), ``peers_live``,
 ``packets_total{result=accepted|rejected, reason}``, ``loss``, ``step``, ``drift_checks_total
-{result=equal|differs}``, ``info{peer_id, run_id, digest}``, ``device_info{device}``. p2pd's own
+{result=equal|differs}``, ``info{peer_id, run_id, digest}``, ``device_info{device}``,
+``peer_links{route=direct|hole_punched|relayed}`` (connected peers by how they are reached),
+``reach_diagnosis{cause}`` (1 for the current cause of reaching no peer: no_relay, alone,
+firewall, symmetric_nat, unreachable; all 0 while a peer is reached). p2pd's own
 libp2p metrics are on ``--p2pd-metrics-port``.
 """
 
@@ -22,6 +25,8 @@ from prometheus_client import (
     ProcessCollector,
     start_http_server,
 )
+
+from distronet.protocol.coordinator_api import REACH_CAUSES
 
 __all__ = ["NodeMetrics"]
 
@@ -51,6 +56,15 @@ class NodeMetrics:
         self.device = Gauge(
             p + "device_info", "constant 1, labelled with the compute backend", ["device"], registry=r
         )
+        self.links = Gauge(p + "peer_links", "connected peers by how they are reached", ["route"], registry=r)
+        self.diagnosis = Gauge(
+            p + "reach_diagnosis", "1 for the cause of reaching no peer, 0 for the others", ["cause"],
+            registry=r,
+        )  # fmt: skip
+        for route in ("direct", "hole_punched", "relayed"):
+            self.links.labels(route).set(0)
+        for cause in REACH_CAUSES:
+            self.diagnosis.labels(cause).set(0)
         GCCollector(registry=r)  # python_gc_*: a node runs no full collection over its start (join)
         ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
         self._server: WSGIServer | None = None

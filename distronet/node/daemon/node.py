@@ -61,6 +61,7 @@ from distronet.node.daemon.coordinator_client import (
 from distronet.node.daemon.errors import CALL_S, NodeError, NodeStateError, deadline
 from distronet.node.daemon.loops import LoopParts
 from distronet.node.daemon.metrics import NodeMetrics
+from distronet.node.daemon.reachwatch import ReachWatch
 from distronet.node.daemon.shards import Shards
 from distronet.node.daemon.status import NodeStatus, StatusFile
 from distronet.node.exchange.swarm import AsyncSwarmExchange, ExchangeConfig
@@ -124,6 +125,7 @@ class Node:
         self.stage = "created"  # what the node is doing; during shutdown, which stage (see close)
         self.abandoned = False  # the run was still busy at the wind-down deadline: it was cancelled
         self.client: CoordinatorClient | None = None
+        self.join_sent = False  # close() leaves the run only once a join was asked for
         self.run_info: dict[str, Any] = {}
         self.status: NodeStatus | None = None
         self.status_file: StatusFile | None = None
@@ -173,23 +175,29 @@ class Node:
         self.client = CoordinatorClient(
             cfg.coordinator, cfg.run_id, identity, buffer_path=reports, timeout_s=CALL_S
         )
-        spec, dcfg, xcfg, joined = await self._read_and_join(self.client)
+        spec, dcfg, xcfg, joined = await self._read_and_join(self.client, backend)
         self.client.resume()
-        await self._fetch_tokenizer()
         self.status = NodeStatus(cfg.run_id, identity.peer_id_b58, state=self.state.value)
         self.status_file = StatusFile(cfg.data_path / "status.json")
         boot = parts.bootstrap_addrs(joined.bootstrap_peers, identity.peer_id_b58)
         maddrs = await self._connect(identity, key_path, boot, xcfg)
         log.info("p2pd up, %d bootstrap address(es); building the model", len(boot))
         await self.client.heartbeat(0, multiaddrs=maddrs)
+        if backend is None and cfg.train.device != "cpu":  # --device auto: its device is known now
+            backend = await self._backend()
+            self._check_fit(spec, dcfg, backend)
         backend = backend or await self._backend()
+        await self._fetch_tokenizer()  # after the fit check: nothing large before it
         # a run in progress (it has peers): wait for at least one of them, then catch up
         self.parts = await self._assemble(spec, dcfg, backend, identity, joined, maddrs, bool(boot))
 
     async def _read_and_join(
-        self, client: CoordinatorClient
+        self, client: CoordinatorClient, backend: ComputeBackend | None
     ) -> tuple[ModelSpec, DistroConfig, ExchangeConfig, JoinResult]:
-        """The run's model, optimizer and exchange tables (checked before joining), and the join."""
+        """The run's model, optimizer and exchange tables (checked before joining), and the join.
+        The fit check runs here, before joining, when the device is known without torch
+        (``--device cpu``) or ``backend`` is already built (a named device); with ``--device
+        auto`` it runs once torch has loaded (``_build``), still before anything large is fetched."""
         try:
             run_info = await deadline(
                 client.get_run(), CALL_S, "coordinator", ExitCode.COORDINATOR_UNREACHABLE
@@ -200,6 +208,9 @@ class Node:
                 raise ConfigError(f"arch = 'hf' needs transformers, not installed here: {HF_EXTRA_HINT}")
             dcfg = parts.optimizer_config(self.cfg.run_id, run_info["optimizer"])
             xcfg = parts.exchange_config(run_info["exchange"])
+            if backend is not None or self.cfg.train.device == "cpu":
+                self._check_fit(spec, dcfg, backend)
+            self.join_sent = True
             joined = await client.join(join_token=self.cfg.join_token or None, agent="distro-node")
         except CoordinatorUnreachable as e:
             raise NodeError(
@@ -211,6 +222,30 @@ class Node:
             raise NodeError(f"the run's definition is not usable by this node: {e}", ExitCode.USAGE) from e
         self.run_info = run_info
         return spec, dcfg, xcfg, joined
+
+    def _check_fit(self, spec: ModelSpec, dcfg: DistroConfig, backend: ComputeBackend | None) -> None:
+        """Refuse the run when its model does not fit this device at this node's micro-batch
+        (``models.fit``; ``backend`` None: the CPU in fp32). Raises ``NodeError`` with
+        ``ExitCode.WONT_FIT``, its message saying what to change; ``--no-fit-check`` skips it."""
+        from distronet.node.models import fit
+
+        train = self.cfg.train
+        if not train.fit_check:
+            log.info("fit check skipped (--no-fit-check)")
+            return
+        device = backend.name if backend is not None else "cpu"
+        precision = backend.precision if backend is not None else "fp32"
+        try:
+            usable = fit.usable_memory(device, fit.parse_size(train.memory_cap) if train.memory_cap else 0)
+            verdict = fit.check_fit(
+                spec, usable, dcfg, micro_batch=train.micro_batch,
+                checkpointing=train.activation_checkpointing, device=device, precision=precision,
+            )  # fmt: skip
+        except ConfigError as e:
+            raise NodeError(f"fit check: {e}", ExitCode.USAGE) from e
+        if not verdict.fits:
+            raise NodeError(f"this run does not fit here: {verdict.message()}", ExitCode.WONT_FIT)
+        log.info("fit check: %s", verdict.message())
 
     def _take_credential(self, raw: bytes | None) -> None:
         """Our newest credential: attached to our announcements, known to our admission registry."""
@@ -328,6 +363,10 @@ class Node:
             status_file=status_file, metrics=metrics,
             checkpoint=functools.partial(training.save, built, cfg.run_id), stop=self.stop_requested,
             maddrs=maddrs, heartbeat_s=float(joined.heartbeat_interval_s), run_has_peers=run_has_peers,
+            reach=ReachWatch(
+                cfg.net.reach_diagnosis_after_s, cfg.net.reach_diagnosis_every_s,
+                p2pd_metrics_port=cfg.net.p2pd_metrics_port,
+            ),
         )  # fmt: skip
 
     # ------------------------------------------------------------------ run
@@ -422,7 +461,7 @@ class Node:
             waits.append(asyncio.ensure_future(self.parts.shards.close()))
         if waits:
             await asyncio.wait(waits, timeout=CLOSE_CAPS_S["background tasks"])
-        if self.client is not None:
+        if self.client is not None and self.join_sent:
             await self._capped("leave the run", self.client.leave())
         if self.core is not None:
             await self._capped("exchange", self.core.close())

@@ -3,7 +3,9 @@
 The line shows step, loss, peers, up/down rate against the budget, shard and contribution::
 
     step 41  loss 3.912  peers 3  up 12.3 kB/s (1%)  down 25.0 kB/s (0%)  shard train-0002
-    shards done 1  own 41/41            (one line on the terminal)
+    shards done 1  own 41/41  links 2 direct 0 punched 1 relayed     (one line on the terminal)
+
+and, while no peer is reached past the diagnosis delay, ``REACHING NO PEER: <cause>``.
 
 ``StatusFile`` writes the same facts as JSON (atomically), plus the parameter digest of the
 last few steps (``digests``: step -> sha256) and the accepted set of the last few rounds
@@ -11,7 +13,12 @@ last few steps (``digests``: step -> sha256) and the accepted set of the last fe
 manifest's leader), so replicas and rounds can be compared from outside; ``rejected`` (gossip and
 asks the exchange refused, by reject code) and ``not_admitted`` (peer id -> its announcements and
 manifests refused as not admitted, for the latest 64 such peers) show who was kept out, and
-``state_donors`` whose state each adoption took.
+``state_donors`` whose state each adoption took; ``reach`` (peer id -> ``direct`` |
+``hole_punched`` | ``relayed``, for up to 256 connected peers) with its counts ``reach_direct``,
+``reach_hole_punched``, ``reach_relayed``, ``reachability`` and ``hole_punches`` (AutoNAT's verdict
+and p2pd's count of successful punches, read from p2pd's metrics page when
+``--p2pd-metrics-port`` is set), and ``diagnosis`` / ``diagnosis_text`` (why no peer
+is reached, and what to do; empty while one is) show how the node reaches the swarm.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ __all__ = ["NodeStatus", "StatusFile", "StatusLine", "human_rate"]
 KEEP_DIGESTS = 64
 KEEP_ROUNDS = 128
 MAX_UNITS = 1000
+MAX_REACH = 256  # peers listed by route in the status file (the counts cover all)
 
 
 @dataclasses.dataclass
@@ -78,6 +86,15 @@ class NodeStatus:
     leaders: dict[int, str] = dataclasses.field(default_factory=dict)  # step -> the adopted leader
     rejected: dict[str, int] = dataclasses.field(default_factory=dict)  # reject code -> messages refused
     not_admitted: dict[str, int] = dataclasses.field(default_factory=dict)  # peer -> messages refused
+    # how each connected peer is reached (peer -> direct | hole_punched | relayed; swarm/reach.py)
+    reach: dict[str, str] = dataclasses.field(default_factory=dict)
+    reach_direct: int = 0
+    reach_hole_punched: int = 0
+    reach_relayed: int = 0
+    reachability: str = "unknown"  # AutoNAT's verdict (public | private), from p2pd's metrics page
+    hole_punches: int = -1  # p2pd's successful hole punches so far (-1: no p2pd metrics page)
+    diagnosis: str = ""  # why no peer is reached (a swarm/diagnose.py cause), "" while one is
+    diagnosis_text: str = ""  # that diagnosis: the cause with its facts, and the remedy
 
     def record_digest(self, step: int, digest: str) -> None:
         self.digests[step] = digest
@@ -104,6 +121,7 @@ class NodeStatus:
         d["leaders"] = {str(k): v for k, v in self.leaders.items()}
         d["rejected"] = dict(self.rejected)
         d["not_admitted"] = dict(self.not_admitted)
+        d["reach"] = dict(sorted(self.reach.items())[:MAX_REACH])
         d["completed_units"] = self.completed_units[-MAX_UNITS:]
         d["resync_steps"] = self.resync_steps[-MAX_UNITS:]
         d["state_donors"] = self.state_donors[-MAX_UNITS:]
@@ -143,7 +161,9 @@ class StatusLine:
             f"step {s.step}  loss {s.loss:.3f}  peers {s.peers}  "
             f"up {human_rate(s.up_bps)}{_pct(s.up_bps, s.up_budget)}  "
             f"down {human_rate(s.down_bps)}{_pct(s.down_bps, s.down_budget)}  "
-            f"shard {s.shard or '-'}  shards done {s.shards_done}  own {s.own_accepted}/{s.rounds}"
+            f"shard {s.shard or '-'}  shards done {s.shards_done}  own {s.own_accepted}/{s.rounds}  "
+            f"links {s.reach_direct} direct {s.reach_hole_punched} punched {s.reach_relayed} relayed"
+            + (f"  REACHING NO PEER: {s.diagnosis} (see the log)" if s.diagnosis else "")
         )
 
     def show(self, s: NodeStatus) -> None:

@@ -8,9 +8,10 @@ per packet over all its tensors (packet by packet, peer-id order) and one invers
 shape. The sums are the same additions in the same order and the inverse the same two
 products, so each tensor comes out bit for bit as ``decode_sum`` gives it (tests hold this).
 
-``decode_sum`` picks a sparse inverse when a tensor's summed k is small (``choose_method``);
-those tensors, and every tensor on another device than the CPU, still go through
-``decode_sum``, so results never change.
+``decode_sum`` picks a sparse inverse when a tensor's summed k is small (``choose_method``), and
+``decode_flat`` takes the same one for such tensors when every packet carries them at one k
+(``decode_sparse``); any tensor whose inverse the two would not share, and every tensor on
+another device than the CPU, still goes through ``decode_sum``, so results never change.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from distronet.kernels.decode import choose_method, decode_flat, decode_sum
+from distronet.kernels.decode import choose_method, decode_flat_methods, decode_sum
 from distronet.node.optim.packets import DecodedRound, TensorPlan
 
 __all__ = ["round_sums"]
@@ -29,18 +30,20 @@ def round_sums(dec: DecodedRound, plans: Sequence[TensorPlan], device: torch.dev
     """Per plan (plans in tensor-id order, ids ``0..T-1``), the sum of the accepted packets' parts
     as a float32 tensor of the parameter's shape on ``device``: ``decode_sum(plan.layout,
     dec.parts[tid])`` bit for bit (module doc). Tensors of one call may share storage (disjoint
-    views). Cost on the CPU: one scatter per packet, one inverse per block shape, plus
-    ``decode_sum`` for the tensors it would invert sparsely.
+    views). Cost on the CPU: one scatter per packet and one inverse per block shape (dense or
+    sparse), plus ``decode_sum`` for a tensor whose inverse ``decode_flat`` would not share.
     """
     if any(p.tensor_id != i for i, p in enumerate(plans)):
         raise ValueError("plans must be in tensor-id order, ids 0..T-1")
     totals = dec.total_k()
-    dense = [choose_method(p.layout, totals.get(p.tensor_id, 0)) == "dense" for p in plans]
+    want = [choose_method(p.layout, totals.get(p.tensor_id, 0)) for p in plans]
     out: list[torch.Tensor | None] = [None] * len(plans)
-    if device.type == "cpu" and dec.flats and any(dense):
-        batch = decode_flat([p.layout for p in plans], dec.flats, dtype=torch.float32, device=device)
+    if device.type == "cpu" and dec.flats:
+        batch, took = decode_flat_methods(
+            [p.layout for p in plans], dec.flats, dtype=torch.float32, device=device
+        )
         for i, x in enumerate(batch):
-            if dense[i]:
+            if took[i] == want[i]:
                 out[i] = x
     return [
         x

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from hivemind.p2p import PeerID
 
@@ -52,10 +52,16 @@ class LinkWatch:
         return out
 
 
-async def repair_links(swarm: Swarm, watch: LinkWatch, topics: Sequence[str]) -> list[str]:
+async def repair_links(
+    swarm: Swarm,
+    watch: LinkWatch,
+    topics: Sequence[str],
+    on_dial: Callable[[str, bool], None] | None = None,
+) -> list[str]:
     """One check: members (DHT records) not in every one of ``topics``' peer lists are re-dialled
     (a connected one is disconnected first). Returns the peers re-dialled. Raises SwarmError
-    when p2pd or the DHT does not answer; a failed dial is logged and skipped."""
+    when p2pd or the DHT does not answer; a failed dial is logged and skipped. ``on_dial(peer,
+    ok)`` hears each re-dialled member's outcome (any of its addresses answered or none)."""
     me = swarm.host.peer_id_b58
     found = await swarm.membership.members()
     members: Mapping[str, Sequence[str]] = {p: m.maddrs for p, m in found.items() if p != me and m.maddrs}
@@ -74,12 +80,16 @@ async def repair_links(swarm: Swarm, watch: LinkWatch, topics: Sequence[str]) ->
         if was:
             with contextlib.suppress(SwarmError):
                 await swarm.host.disconnect(PeerID.from_base58(peer))
+        ok = False
         for addr in members[peer]:
             full = addr if "/p2p/" in addr else f"{addr}/p2p/{peer}"
             try:
                 await swarm.host.connect(full)
+                ok = True
                 break
             except SwarmError as e:
                 log.info("re-dial of %s at %s failed: %s", peer, addr, e)
+        if on_dial is not None:
+            on_dial(peer, ok)
         watch.redials += 1
     return due

@@ -231,6 +231,16 @@ class SwarmHost:
         infos = await with_deadline(self.p2p.list_peers(), self.config.call_timeout_s, "list peers")
         return [info.peer_id for info in infos]
 
+    async def connections(self, limit: int = 4096) -> list[tuple[str, str]]:
+        """Our open connections as ``(peer id, remote multiaddr)``, one per connection (p2pd's
+        ``LIST_PEERS``), at most ``limit``. Raises DaemonError when p2pd does not answer in time."""
+        infos = await with_deadline(self.p2p.list_peers(), self.config.call_timeout_s, "list peers")
+        out: list[tuple[str, str]] = []
+        for info in infos[:limit]:
+            peer = str(info.peer_id.to_base58())
+            out.extend((peer, str(a)) for a in info.addrs[:4])  # p2pd sends one address per connection
+        return out
+
     async def close(self) -> None:
         """Stop p2pd: SIGTERM, then SIGKILL after ``close_timeout_s``. Idempotent."""
         if self._closed:

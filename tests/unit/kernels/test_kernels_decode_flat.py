@@ -94,3 +94,58 @@ def test_compiled_scatter_is_bit_identical_to_index_add(monkeypatch: pytest.Monk
     want = decode_flat(layouts, flats)
     for x, y in zip(got, want, strict=True):
         assert torch.equal(x.view(torch.int32), y.view(torch.int32))
+
+
+def _payloads(shapes: list[tuple[int, ...]], k: int, n: int, skip: int | None = None) -> list:
+    layouts = [plan_layout(s, 16) for s in shapes]
+    nk = [(lay.n_chunks, lay.chunk_numel) for lay in layouts]
+    out = []
+    for seed in range(n):
+        vc, ic = ValueCoding(1 + seed % 5), IndexCoding(1 + seed % 2)
+        coded = [
+            encode_tensor(t, idx.numpy(), val.numpy(), layouts[t].chunk_numel, vc, ic)[0]
+            for t, (idx, val) in enumerate(_parts(shapes, seed, k))
+            if not (seed == 0 and t == skip)
+        ]
+        out.append(decode_payload(encode_payload(coded), nk))
+    return out
+
+
+@pytest.mark.parametrize(("k", "n"), [(1, 1), (3, 1), (3, 2), (8, 1)])
+def test_sparse_inverse_is_bit_identical_to_decode_sum(k: int, n: int) -> None:
+    """Small summed k: decode_flat rebuilds every tensor (small ones by block shape, the big one
+    alone) from its coefficients, bit for bit as decode_sum does per tensor."""
+    warm()
+    layouts = [plan_layout(s, 16) for s in SHAPES]
+    flats = _payloads(SHAPES, k, n)
+    got, took = decode.decode_flat_methods(layouts, flats)
+    for t, (lay, x) in enumerate(zip(layouts, got, strict=True)):
+        parts = [
+            (torch.from_numpy(d.idx), torch.from_numpy(d.val))
+            for f in flats
+            for d in f.tensors()
+            if d.tensor_id == t
+        ]
+        total = sum(int(p[0].shape[1]) for p in parts)
+        assert took[t] == decode.choose_method(lay, total)
+        want = decode_sum(lay, parts, dtype=torch.float32)
+        assert x.shape == lay.shape and torch.equal(x.view(torch.int32), want.view(torch.int32)), (k, n, t)
+    assert "sparse" in took
+
+
+def test_sparse_inverse_skips_a_block_shape_some_packet_half_carries() -> None:
+    """A payload that leaves out one tensor of a block shape: that shape goes dense (still the
+    sum), the other shapes stay sparse, and decode_flat says which took which."""
+    shapes = [(64, 64), (32, 48), (200,), (48,)]  # two tensors of block (16, 16), two of (16,)
+    layouts = [plan_layout(s, 16) for s in shapes]
+    flats = _payloads(shapes, 2, 2, skip=1)
+    got, took = decode.decode_flat_methods(layouts, flats)
+    assert took == ["dense", "dense", "sparse", "sparse"]
+    for t, (lay, x) in enumerate(zip(layouts, got, strict=True)):
+        parts = [
+            (torch.from_numpy(d.idx), torch.from_numpy(d.val))
+            for f in flats
+            for d in f.tensors()
+            if d.tensor_id == t
+        ]
+        torch.testing.assert_close(x, decode_sum(lay, parts, method="dense"), atol=2e-5, rtol=1e-5)

@@ -8,8 +8,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distronet.kernels import numpy_ref
+from distronet.kernels import numpy_ref, topk
+from distronet.kernels.coding import warm
 from distronet.kernels.dct import dct_chunks
+from distronet.kernels.encode import dct_topk_groups
 from distronet.kernels.layout import plan_layout
 from distronet.kernels.topk import dct_topk, segment_length, topk_chunks
 from distronet.protocol.errors import KernelError
@@ -99,3 +101,55 @@ def test_bad_coefficients_raise() -> None:
         topk_chunks(torch.arange(16).view(2, 8), 2)
     with pytest.raises(KernelError):
         numpy_ref.topk_chunks(np.zeros((2, 8)), 9)
+
+
+@pytest.mark.parametrize("k", [1, 4, 32, 64])
+@pytest.mark.parametrize(
+    ("shape", "chunk"), [((4096,), 64), ((128, 192), 64), ((2, 70, 50), 16), ((700,), 64)]
+)
+def test_compiled_selection_equals_the_torch_path(
+    k: int, shape: tuple[int, ...], chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compiled top-k (topk_jit) picks what the torch two-stage / plain top-k picks: same
+    indices, same values, on spatial-order (dct_topk, the batched encode) and chunk-order
+    (topk_chunks) coefficients; with ties it keeps a valid top-k (the lowest indices)."""
+    assert warm(), "numba is a dependency: the compiled selection must be available"
+    monkeypatch.setattr(topk, "JIT_MIN_K", 1)  # every k through the compiled selection
+    lay = plan_layout(shape, chunk)
+    k = min(k, lay.chunk_numel)
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(k))
+    c = dct_chunks(x, lay)
+    ties = torch.randint(-2, 3, c.shape, generator=torch.Generator().manual_seed(1)).float()
+    got = [dct_topk(x, lay, k), topk_chunks(c, k), dct_topk_groups([x, x], [lay, lay], [k, k])[0]]
+    _assert_valid_topk(ties, *topk_chunks(ties, k), k)
+    monkeypatch.setattr(topk, "use_jit", lambda: False)
+    want = [dct_topk(x, lay, k), topk_chunks(c, k), dct_topk_groups([x, x], [lay, lay], [k, k])[0]]
+    for (i1, v1), (i2, v2) in zip(got[:2], want[:2], strict=True):
+        assert torch.equal(i1, i2) and torch.equal(v1, v2)
+    assert torch.equal(got[2].idx, want[2].idx) and torch.equal(got[2].val, want[2].val)
+
+
+def test_compiled_selection_leaves_nan_to_the_torch_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    warm()
+    monkeypatch.setattr(topk, "JIT_MIN_K", 1)
+    c = torch.randn(3, 4096)
+    c[1, 7] = float("nan")
+    idx, _ = topk_chunks(c, 4)
+    assert 7 in idx[1].tolist()  # torch.topk ranks NaN first
+
+
+@pytest.mark.parametrize("k", [1, 4, 32])
+def test_compiled_selection_of_mostly_zero_chunks(k: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Zero rows (an embedding's unused tokens): a valid top-k, every nonzero value kept first,
+    then the zeros of lowest index."""
+    warm()
+    monkeypatch.setattr(topk, "JIT_MIN_K", 1)
+    c = torch.zeros(5, 4096)
+    c[1, [3, 700, 4000]] = torch.tensor([1.0, -2.0, 0.5])
+    c[2, :100] = torch.randn(100, generator=torch.Generator().manual_seed(2))
+    c[3, 64:128] = 1.0  # one segment, ties
+    idx, val = topk_chunks(c, k)
+    _assert_valid_topk(c, idx, val, k)
+    assert idx[0].tolist() == list(range(k))
+    if k >= 3:
+        assert set(idx[1].tolist()) >= {3, 700, 4000}

@@ -76,3 +76,12 @@ def test_unknown_file_keys_are_refused(tmp_path: Path) -> None:
     f.write_text('coordinator = "http://c"\n[net]\nupp = "1mbit"\n')
     with pytest.raises(ConfigError, match=r"net\.upp"):
         parse(["r", "--config", str(f)])
+
+
+def test_memory_cap_and_fit_check_flags() -> None:
+    url = ["r", "--coordinator", "http://c:1"]
+    cfg = parse([*url, "--memory-cap", "512MiB", "--no-fit-check"])
+    assert cfg.train.memory_cap == "512MiB" and cfg.train.fit_check is False
+    assert parse(url).train.fit_check is True and parse(url).train.memory_cap == ""
+    with pytest.raises(ConfigError, match="not a size"):
+        parse([*url, "--memory-cap", "lots"])

@@ -33,6 +33,7 @@ async def test_close_against_a_stalled_coordinator_is_capped(stalled_url: str) -
     node = Node(NodeConfig(run_id="r", coordinator=stalled_url))
     node._to(NodeState.STARTING)
     node.client = CoordinatorClient(stalled_url, "r", Identity.generate(), timeout_s=60.0)
+    node.join_sent = True  # a node that joined leaves the run on close
     t0 = time.monotonic()
     await node.close()
     took = time.monotonic() - t0

@@ -97,8 +97,12 @@ async def live_peers(swarm: Swarm, run_id: str) -> int:
 async def discover(parts: LoopParts) -> int:
     """Ask the coordinator for live peers (a fresh signed join) and dial those we are not connected to.
 
-    Returns how many dials succeeded. Never raises for an unreachable coordinator or peer.
+    Our addresses are read afresh first: a relay reservation made after the start adds a
+    ``/p2p-circuit`` address that peers behind other NATs need. Returns how many dials
+    succeeded. Never raises for an unreachable coordinator or peer.
     """
+    with contextlib.suppress(SwarmError):
+        parts.maddrs[:] = await parts.swarm.host.maddrs()
     try:
         joined = await asyncio.wait_for(
             parts.client.join(

@@ -3,7 +3,10 @@
 The relay is a p2pd (``-relayService`` with its circuit limits, ``-forceReachabilityPublic``:
 go-libp2p starts the relay service only on a host it believes public) plus a hivemind DHT node
 on it, so it is the bootstrap peer every node can reach. It trains nothing and announces no
-membership record. Its full multiaddrs (``…/p2p/<id>``) go into the run file's ``relays`` list,
+membership record. With ``--run`` it also subscribes to the runs' gossip topics: gossipsub
+ignores relayed connections, so without a gossip peer that every home reaches directly the
+announcements and manifests of one home never reach another (it forwards them; the payload
+itself goes over the circuits). Its full multiaddrs (``…/p2p/<id>``) go into the run file's ``relays`` list,
 which the coordinator hands to every joining node (docs/protocol.md §11); the identity in
 ``--data-dir`` keeps the peer id stable across restarts. ``--addr-file`` receives the multiaddrs
 as a JSON list once the relay is up (for scripts and tests).
@@ -28,9 +31,12 @@ import signal
 import sys
 from pathlib import Path
 
+from distronet.node.exchange.types import manifest_topic
 from distronet.node.exitcodes import ExitCode
 from distronet.node.swarm.errors import SwarmError
 from distronet.node.swarm.p2p import RelayService, SwarmConfig, SwarmHost, with_deadline
+from distronet.node.swarm.pubsub import Gossip
+from distronet.node.swarm.stack import announce_topic
 from distronet.protocol.errors import ConfigError
 from distronet.protocol.identity import Identity
 
@@ -48,6 +54,7 @@ class RelayConfig:
     listen: str = "/ip4/0.0.0.0/tcp/4002"
     announce: str = ""
     addr_file: str = ""
+    runs: tuple[str, ...] = ()
     limits: RelayService = dataclasses.field(default_factory=RelayService)
     log_level: str = "info"
 
@@ -110,7 +117,11 @@ async def run_relay(cfg: RelayConfig, stop: asyncio.Event | None = None) -> int:
         except (SwarmError, RuntimeError) as e:
             log.error("relay: the DHT node did not start: %s", e)
             return int(ExitCode.NETWORK)
+        gossip = Gossip(host)
         try:
+            for run_id in cfg.runs:  # a queue of 1: the relay forwards and reads nothing
+                for topic in (announce_topic(run_id), manifest_topic(run_id)):
+                    await gossip.subscribe(topic, queue_size=1)
             maddrs = await host.maddrs()
             log.info("relay %s up: %s", host.peer_id_b58, ", ".join(maddrs))
             print(json.dumps({"peer_id": host.peer_id_b58, "multiaddrs": maddrs}), flush=True)
@@ -120,6 +131,7 @@ async def run_relay(cfg: RelayConfig, stop: asyncio.Event | None = None) -> int:
                 os.replace(tmp, cfg.addr_file)
             await stop.wait()
         finally:
+            await gossip.close()
             await dht.shutdown()
     finally:
         await host.close()
@@ -133,6 +145,7 @@ def _main(args: argparse.Namespace) -> int:
             listen=args.listen,
             announce=args.announce,
             addr_file=args.addr_file,
+            runs=tuple(args.run),
             limits=RelayService(
                 max_circuits=args.max_circuits,
                 max_reservations=args.max_reservations,
@@ -161,6 +174,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data-dir", default=d.data_dir, help=f"identity folder [default {d.data_dir}]")
     p.add_argument("--listen", default=d.listen, help=f"listen multiaddrs, comma-separated [{d.listen}]")
     p.add_argument("--announce", default="", help="multiaddrs to announce instead (a public address)")
+    p.add_argument("--run", action="append", default=[], help="a run whose gossip to forward (repeatable)")
     p.add_argument("--addr-file", default="", help="write the full multiaddrs here as JSON once up")
     p.add_argument("--max-circuits", type=int, default=lim.max_circuits, help="open circuits per peer")
     p.add_argument("--max-reservations", type=int, default=lim.max_reservations, help="reserved slots")

@@ -16,9 +16,11 @@ Steps and verdicts:
 2. at step 20 a newcomer starts behind the symmetric router and contributes: its packets are in
    another node's accepted set (past its warm-up) within ``NEWCOMER_S`` of its ``Popen``;
 3. each pair's connection, asked of the nodes' p2pd (``LIST_PEERS``; a remote address with
-   ``/p2p-circuit`` is relayed): nodes of one home are connected directly (their LAN), nodes of
-   different homes through the relay (neither router lets a connection in, and hole punching
-   cannot beat a symmetric NAT); printed as a table;
+   ``/p2p-circuit`` is relayed): every pair is connected; nodes of different homes through the
+   relay (neither router lets a connection in, and hole punching cannot beat a symmetric NAT);
+   nodes of one home directly or through the relay — whichever dial won first: go-libp2p moves
+   a relayed connection to a direct one only towards public addresses, and LAN addresses are
+   not (docs/decisions/nat-traversal.md); printed as a table;
 4. on every node's ``eth0``, both directions, the bytes over every 10 s window (sampled every
    0.5 s) are at most 1.05 x the node's budget x 10 s — relayed pulls, state sync and all
    overhead included — and the budget was in use (the busiest upload window is over 30 % of it);
@@ -86,7 +88,7 @@ def test_nodes_behind_nat_train_through_a_relay(tmp_path: Path) -> None:
     assert WHY_NOT is None, f"CI must run the NAT tests: {WHY_NOT}"
     homes = [Home(NatKind.EIM, 2), Home(NatKind.SYMMETRIC, 3)]
     link = LinkShape(up="20mbit", down="50mbit", delay_ms=20.0)
-    with NatNet(1, homes, link, prefix="dnx", public_net="192.0.0.128/25", lan_base="10.78") as net:
+    with NatNet(1, homes, link, prefix="dnx", public_net="192.0.0.128/26", lan_base="10.78") as net:
         relay_dir = tmp_path / "relay0"
         relay_dir.mkdir()
         relay_id = Identity.generate()
@@ -107,7 +109,7 @@ def test_nodes_behind_nat_train_through_a_relay(tmp_path: Path) -> None:
             relays=[relay],
         )
         with NetnsSwarm(net, tmp_path, run, "nat") as swarm, VethSampler(net, interval_s=0.5) as sampler:
-            assert swarm.start_relay(0, port=RELAY_PORT) == [relay]
+            assert swarm.start_relay(0, "--run", "nat", port=RELAY_PORT) == [relay]
             swarm.start_coordinator()
             homed = [*net.indices(home=0), *net.indices(home=1)[:2]]
             for ns in homed:
@@ -141,10 +143,11 @@ def test_nodes_behind_nat_train_through_a_relay(tmp_path: Path) -> None:
     table, wrong = [], []
     for a, b in itertools.combinations(everyone, 2):
         kind = kinds[a].get(peers[b]) or kinds[b].get(peers[a]) or "none"
-        want = "direct" if home_of[a] == home_of[b] else "relayed"
+        # across homes only a circuit can carry it; on one LAN either can (module doc, step 3)
+        want = ("direct", "relayed") if home_of[a] == home_of[b] else ("relayed",)
         table.append(f"node{a} (home {home_of[a]}) - node{b} (home {home_of[b]}): {kind}")
-        if kind != want:
-            wrong.append(f"node{a}-node{b}: {kind}, expected {want}")
+        if kind not in want:
+            wrong.append(f"node{a}-node{b}: {kind}, expected {' or '.join(want)}")
     budgets = {"up": parse_rate(UP), "down": parse_rate(DOWN)}
     report, worst = [], 0.0
     for i in everyone:

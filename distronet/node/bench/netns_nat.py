@@ -1,6 +1,6 @@
 """Homes behind NAT routers for real node processes: namespaces, veths, bridges, nftables, ``tc``.
 
-Layout (``NatNet``, prefix ``P``, public network ``W`` = e.g. ``192.0.0.128/25``, LAN base
+Layout (``NatNet``, prefix ``P``, public network ``W`` = e.g. ``192.0.0.128/26``, LAN base
 ``L`` = e.g. ``10.78``)::
 
     root namespace     bridge P-pub (W[1])              ← the coordinator listens here
@@ -132,7 +132,7 @@ class NatNet:
         link: LinkShape,
         *,
         prefix: str = "dnn",
-        public_net: str = "192.0.0.128/25",
+        public_net: str = "192.0.0.128/26",
         lan_base: str = "10.78",
     ) -> None:
         if not (prefix.isalnum() and 1 <= len(prefix) <= 5):
@@ -145,7 +145,7 @@ class NatNet:
         try:
             self.public_net = ipaddress.IPv4Network(public_net)
         except ValueError as e:
-            raise NetnsError(f"public_net must be an IPv4 network like 192.0.0.128/25: {e}") from None
+            raise NetnsError(f"public_net must be an IPv4 network like 192.0.0.128/26: {e}") from None
         if public + len(homes) + 4 > self.public_net.num_addresses:
             raise NetnsError(f"{public_net} has no room for {public} public nodes and {len(homes)} routers")
         self.link, self.prefix, self.lan_base = link, prefix, lan_base

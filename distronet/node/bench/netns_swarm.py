@@ -92,6 +92,9 @@ class NetnsSwarm(LocalSwarm):
         maddrs: list[str] = json.loads(addr_file.read_text())
         return maddrs
 
+    def __enter__(self) -> NetnsSwarm:
+        return self
+
     def __exit__(self, *exc: object) -> None:
         try:
             super().__exit__(*exc)

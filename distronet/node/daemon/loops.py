@@ -86,12 +86,18 @@ class LoopParts:
 
 
 async def live_peers(swarm: Swarm, run_id: str) -> int:
-    """Other nodes in both of our gossip topics (0 when the swarm is gone)."""
+    """Other nodes in both of our gossip topics (0 when the swarm is gone). gossipsub ignores
+    relayed connections: a peer we reach only through a relay counts when the relay (which
+    forwards the run's gossip, ``node/relay.py``) is in both topics; the relays are not nodes."""
     if not swarm.host.alive:
         return 0
     a = set(await swarm.gossip.topic_peers(swarm.topic))
     b = set(await swarm.gossip.topic_peers(manifest_topic(run_id)))
-    return len(a & b)
+    both = {p.to_base58() for p in a & b}
+    relays = swarm.host.relay_ids
+    if both & relays:  # gossip reaches us through the relay from the peers behind it
+        both |= await swarm.host.relayed_peers()
+    return len(both - relays)
 
 
 async def discover(parts: LoopParts) -> int:

@@ -183,6 +183,12 @@ async def start_swarm(
         try:
             return await Swarm.start(identity, swarm_cfg(bootstrap), members, bandwidth=bw)
         except SwarmError as e:
+            if all_relays and bootstrap != all_relays:
+                log.warning("no bootstrap peer answered (%s); starting with the relays only", e)
+                try:
+                    return await Swarm.start(identity, swarm_cfg(all_relays), members, bandwidth=bw)
+                except SwarmError as e2:
+                    e = e2
             log.warning("no bootstrap peer answered (%s); starting alone", e)
     return await Swarm.start(identity, swarm_cfg(()), members, bandwidth=bw)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import os
 import signal
 from collections.abc import Awaitable, Iterator
@@ -59,6 +60,7 @@ class RelayService:
 
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -209,8 +211,13 @@ class SwarmHost:
         cls_p2p: type[_PubsubP2P] = type(
             "_RunP2P", (_PubsubP2P,), {"_flags": _daemon_flags(config), "_instances": []}
         )
+        # Relays are dialled after the start, not as p2pd bootstrap peers: autorelay connects to
+        # them first, and p2pd's bootstrap then skips a connected peer without counting it, so a
+        # list of relays alone would fail with "failed to connect to bootstrap peers".
+        relays = config.relays if _uses_relays(config) else ()
+        boot = [m for m in config.bootstrap if m not in relays]
         create = cls_p2p.create(
-            initial_peers=list(config.bootstrap) or None,
+            initial_peers=boot or None,
             host_maddrs=list(config.host_maddrs),
             announce_maddrs=list(config.announce_maddrs) or None,
             identity_path=config.identity_path,
@@ -240,7 +247,13 @@ class SwarmHost:
                     "check the addresses or retry when the run's peers are up"
                 ) from e
             raise DaemonError(f"p2pd failed to start: {e}") from e
-        return cls(p2p, config)
+        host = cls(p2p, config)
+        for m in relays:  # also puts their addresses in p2pd's peerstore, for the DHT's pings
+            try:
+                await host.connect(m)
+            except DaemonError as e:
+                log.warning("relay %s did not answer: %s", m, e)
+        return host
 
     @property
     def peer_id(self) -> PeerID:
@@ -300,6 +313,25 @@ class SwarmHost:
             raise
         except Exception as e:
             raise DaemonError(f"cannot disconnect {peer.to_base58()}: {e}") from e
+
+    @functools.cached_property
+    def relay_ids(self) -> frozenset[str]:
+        """The base58 peer ids of ``config.relays``."""
+        return frozenset(m.rsplit("/p2p/", 1)[1] for m in self.config.relays)
+
+    async def relayed_peers(self) -> set[str]:
+        """Peers (base58) we reach only through a relay: every connection's remote address
+        holds ``/p2p-circuit``. Raises DaemonError when p2pd does not answer in time."""
+        infos = await with_deadline(self.p2p.list_peers(), self.config.call_timeout_s, "list peers")
+        direct: set[str] = set()
+        relayed: set[str] = set()
+        for info in infos:
+            pid = info.peer_id.to_base58()
+            if any("/p2p-circuit" in str(a) for a in info.addrs):
+                relayed.add(pid)
+            else:
+                direct.add(pid)
+        return relayed - direct
 
     async def connected_peers(self) -> list[PeerID]:
         infos = await with_deadline(self.p2p.list_peers(), self.config.call_timeout_s, "list peers")

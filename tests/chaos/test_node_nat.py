@@ -13,8 +13,10 @@ Steps and verdicts:
 
 1. the four home nodes find each other (the relay is their bootstrap peer and DHT) and train
    past step 100; every replica's parameter digest is identical at a common step;
-2. at step 20 a newcomer starts behind the symmetric router and contributes: its packets are in
-   another node's accepted set (past its warm-up) within ``NEWCOMER_S`` of its ``Popen``;
+2. at step 20 a newcomer starts behind the symmetric router, catches up (a state or replayed
+   rounds, fetched from donors direct and relayed) and contributes: its packets are in another
+   node's accepted set (past its warm-up) within ``NEWCOMER_S`` of its ``Popen``; every node's
+   accepted sets hold packets of the other home's nodes (pulled through the relay);
 3. each pair's connection, asked of the nodes' p2pd (``LIST_PEERS``; a remote address with
    ``/p2p-circuit`` is relayed): every pair is connected; nodes of different homes through the
    relay (neither router lets a connection in, and hole punching cannot beat a symmetric NAT);
@@ -138,6 +140,7 @@ def test_nodes_behind_nat_train_through_a_relay(tmp_path: Path) -> None:
             peers = {i: swarm.status(i)["peer_id"] for i in everyone}
             kinds = {i: link_kinds(connections(control_socket(swarm.nodes[i].pid))) for i in everyone}
             codes = swarm.stop_all()
+            statuses = {i: swarm.status(i) for i in everyone}
 
     home_of = {i: net.nodes[swarm.where[i]].home for i in everyone}
     table, wrong = [], []
@@ -169,6 +172,10 @@ def test_nodes_behind_nat_train_through_a_relay(tmp_path: Path) -> None:
     assert codes == [0] * len(everyone), codes
     assert step > STEPS and len(digests) == 1, (step, digests)
     assert newcomer_s <= NEWCOMER_S
+    assert statuses[new].get("resyncs", 0) >= 1  # it adopted a state (or replayed rounds) over the swarm
+    for i in everyone:  # every node accepted packets it could only have pulled through the relay
+        across = {peers[j] for j in everyone if home_of[j] != home_of[i]}
+        assert any(across & set(v) for v in statuses[i].get("accepted", {}).values()), i
     assert not wrong, "\n".join(wrong + table)
     assert worst <= TOLERANCE, "\n".join(report)
     assert (

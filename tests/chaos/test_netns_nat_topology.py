@@ -83,7 +83,7 @@ def test_homes_nat_like_their_routers() -> None:
         homes,
         LinkShape("50mbit", "50mbit", 0.0),
         prefix="dnt",
-        public_net="192.0.0.64/26",
+        public_net="192.0.0.64/27",
         lan_base="10.79",
     ) as net:
         server = subprocess.Popen(

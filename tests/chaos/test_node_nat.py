@@ -89,7 +89,7 @@ def test_nodes_behind_nat_train_through_a_relay(tmp_path: Path) -> None:
     assert WHY_NOT is None, f"CI must run the NAT tests: {WHY_NOT}"
     homes = [Home(NatKind.EIM, 2), Home(NatKind.SYMMETRIC, 3)]
     link = LinkShape(up="20mbit", down="50mbit", delay_ms=20.0)
-    with NatNet(1, homes, link, prefix="dnx", public_net="192.0.0.128/26", lan_base="10.78") as net:
+    with NatNet(1, homes, link, prefix="dnx", public_net="192.0.0.128/27", lan_base="10.78") as net:
         relay_dir = tmp_path / "relay0"
         relay_dir.mkdir()
         relay_id = Identity.generate()

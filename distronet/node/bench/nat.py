@@ -56,7 +56,7 @@ def run_row(mode: str, nodes: int, warmup: int, steps: int, folder: Path) -> dic
     homes = [] if mode == "direct" else [Home(NatKind.SYMMETRIC, 1)] * nodes
     reach = "public" if mode == "direct" else "private"
     with NatNet(
-        public, homes, LinkShape("20mbit", "50mbit", 20.0), prefix="dnb", public_net="192.0.0.192/26"
+        public, homes, LinkShape("20mbit", "50mbit", 20.0), prefix="dnb", public_net="192.0.0.192/27"
     ) as net:
         (folder / "relay0").mkdir(parents=True)
         ident = Identity.generate()

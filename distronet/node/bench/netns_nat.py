@@ -1,6 +1,6 @@
 """Homes behind NAT routers for real node processes: namespaces, veths, bridges, nftables, ``tc``.
 
-Layout (``NatNet``, prefix ``P``, public network ``W`` = e.g. ``192.0.0.128/26``, LAN base
+Layout (``NatNet``, prefix ``P``, public network ``W`` = e.g. ``192.0.0.128/27``, LAN base
 ``L`` = e.g. ``10.78``)::
 
     root namespace     bridge P-pub (W[1])              ← the coordinator listens here
@@ -13,9 +13,12 @@ The public side needs addresses libp2p counts as public: go-libp2p builds ``/p2p
 addresses only from a relay's public addresses and drops private (RFC 1918) ones. The default
 ``W`` is in 192.0.0.0/24 (IETF protocol assignments, never routed on the internet) past the
 /26 that multiaddr's ``IsPublicAddr`` calls unroutable, so it counts as public and shadows no
-host anyone could reach. Nothing has a default route out of the machine: a router knows only
-its LAN and ``W``, the root namespace's forwarding is left as it is, so a packet for another
-home's LAN gets "no route" at once and nothing leaves to the outside.
+host anyone could reach. Nets built at the same time need disjoint ones: the tests and
+``bench nat`` take 192.0.0.64/27, .128/27 and .192/27; .96/27 and .224/27 are free.
+
+Nothing has a default route out of the machine: a router knows only its LAN and ``W``, the root
+namespace's forwarding is left as it is, so a packet for another home's LAN gets "no route" at
+once and nothing leaves to the outside.
 
 The NAT kinds (:class:`NatKind`):
 
@@ -132,7 +135,7 @@ class NatNet:
         link: LinkShape,
         *,
         prefix: str = "dnn",
-        public_net: str = "192.0.0.128/26",
+        public_net: str = "192.0.0.128/27",
         lan_base: str = "10.78",
     ) -> None:
         if not (prefix.isalnum() and 1 <= len(prefix) <= 5):
@@ -145,7 +148,7 @@ class NatNet:
         try:
             self.public_net = ipaddress.IPv4Network(public_net)
         except ValueError as e:
-            raise NetnsError(f"public_net must be an IPv4 network like 192.0.0.128/26: {e}") from None
+            raise NetnsError(f"public_net must be an IPv4 network like 192.0.0.128/27: {e}") from None
         if public + len(homes) + 4 > self.public_net.num_addresses:
             raise NetnsError(f"{public_net} has no room for {public} public nodes and {len(homes)} routers")
         self.link, self.prefix, self.lan_base = link, prefix, lan_base

@@ -82,12 +82,12 @@ def test_nat_net_address_plan() -> None:
     assert net.n == 4 and net.host_ip == "192.0.0.129"
     assert [x.ip for x in net.nodes] == ["192.0.0.130", "10.78.10.10", "10.78.10.11", "10.78.11.10"]
     assert net.indices(public=True) == [0] and net.indices(home=0) == [1, 2] and net.indices(home=1) == [3]
-    assert net.router_wan_ip(0) == "192.0.0.190" and net.seen_as(3) == net.router_wan_ip(1)
+    assert net.router_wan_ip(0) == "192.0.0.158" and net.seen_as(3) == net.router_wan_ip(1)
     assert net.exec_prefix(3) == ["ip", "netns", "exec", "dnu-h1n0"]
     with pytest.raises(NetnsError):
         NatNet(1, [], LinkShape(), prefix="toolong")
     with pytest.raises(NetnsError):
-        NatNet(70, [], LinkShape(), public_net="192.0.0.128/26")
+        NatNet(30, [], LinkShape(), public_net="192.0.0.128/27")
     with pytest.raises(NetnsError):
         Home(NatKind.EIM, 0)
 

@@ -10,7 +10,6 @@ from distronet.node.bench.netns import LinkShape, NetnsError
 from distronet.node.bench.netns_nat import Home, NatKind, NatNet
 from distronet.node.config import NetConfig
 from distronet.node.daemon.coordinator_client import MAX_RELAYS, relay_list
-from distronet.node.swarm.links import lan_upgrades
 from distronet.node.swarm.p2p import RelayService, SwarmConfig, _daemon_flags, _uses_relays
 from distronet.protocol.coordinator_api import CREATE_RUN, ApiError
 from distronet.protocol.errors import ConfigError
@@ -96,17 +95,3 @@ def test_a_peer_is_direct_when_any_connection_is() -> None:
     circuit = f"{RELAY}/p2p-circuit"
     kinds = link_kinds({"a": [circuit], "b": [circuit, "/ip4/10.0.0.1/tcp/5"], "c": ["/ip4/10.0.0.2/tcp/5"]})
     assert kinds == {"a": "relayed", "b": "direct", "c": "direct"}
-
-
-def test_only_relayed_members_on_our_lan_are_moved_off_the_relay() -> None:
-    circuit = f"{RELAY}/p2p-circuit"
-    members = {
-        "lan": [circuit, "/ip4/10.78.10.11/tcp/5"],
-        "away": [circuit, "/ip4/10.78.11.10/tcp/5"],
-        "public": ["/ip4/8.8.8.8/tcp/5", circuit],
-        "tried": ["/ip4/10.78.10.12/tcp/5"],
-    }
-    ours = ["/ip4/10.78.10.10/tcp/4", circuit, "/ip4/127.0.0.1/tcp/4"]
-    got = lan_upgrades(members, {"lan", "away", "public", "tried", "gone"}, ours, {"tried"})
-    assert got == {"lan": "/ip4/10.78.10.11/tcp/5"}
-    assert lan_upgrades(members, {"lan"}, ["/ip4/127.0.0.1/tcp/4"], set()) == {}

@@ -89,12 +89,12 @@ docs/decisions/fit-estimate.md)."""
 HEAP_RETENTION_PASSES = 0.8
 """The same with two or more passes a step (gradient accumulation): measured 0.65-0.94 at 2 and 4
 passes, not growing from 2 to 4."""
-HEAP_RETENTION_CHECKPOINTED = 0.6
+HEAP_RETENTION_CHECKPOINTED = 0.7
 """With activation checkpointing, as a share of the un-checkpointed activations held in heap-sized
 tensors (under :data:`MMAP_CEILING`): the checkpointed forward and the recomputation each sweep
 every block's full activations through the heap, though no more than one block's live at once.
-Measured 0.57-0.69 (Llama, whose 64 MiB vocabulary-wide tensors are mmapped) and 0.67 (GPT, all
-heap-sized)."""
+Measured 0.57-0.84 over four runs of the Llama (whose 64 MiB vocabulary-wide tensors are
+mmapped) and 0.67-0.68 over two of the GPT (all heap-sized); mean 0.68."""
 MMAP_CEILING = 32 * MiB
 """glibc's dynamic mmap threshold never rises above this (``DEFAULT_MMAP_THRESHOLD_MAX``, 64-bit):
 a tensor this large or larger is always mmapped and handed back to the system when freed, so it

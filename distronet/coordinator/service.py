@@ -245,6 +245,7 @@ class Coordinator:
         out = {
             "node": node.public(),
             "bootstrap_peers": self.bootstrap(run, exclude=peer),
+            "relays": list(run.spec.get("relays") or []),
             "run": self.run_public(run),
             "heartbeat_interval_s": run.heartbeat_interval,
             "max_leases": run.allowance(node, now),

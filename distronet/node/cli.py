@@ -20,7 +20,7 @@ __all__ = ["build_parser", "main"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The full `distro-node` parser, every sub-command registered."""
-    from distronet.node import export, join
+    from distronet.node import export, join, relay
     from distronet.node.bench import cli as bench_cli
     from distronet.node.data import cli as data_cli
     from distronet.node.doctor import cli as doctor_cli
@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cli.add_parser(sub)
     export.add_parser(sub)
     doctor_cli.add_parser(sub)
+    relay.add_parser(sub)
     return parser
 
 

@@ -61,7 +61,16 @@ class NetConfig:
     up: str = _f("10mbit", "upload budget for payload traffic (e.g. 10mbit, 2MB/s, unlimited)")
     down: str = _f("100mbit", "download budget for payload traffic")
     listen: str = _f("/ip4/0.0.0.0/tcp/0", "libp2p listen multiaddr (comma-separated for several)")
-    nat_traversal: bool = _f(True, "AutoNAT, UPnP and relays (turn off on loopback)")
+    nat_traversal: bool = _f(True, "AutoNAT, UPnP, hole punching and relays (turn off on loopback)")
+    relays: str = _f(
+        "",
+        "circuit relays to reserve a slot on when unreachable, full multiaddrs ending in /p2p/<id> "
+        "(comma-separated), on top of those the run's coordinator hands out",
+    )
+    reachability: str = _f(
+        "auto",
+        "auto (AutoNAT decides) | private (behind NAT: use the relays at once) | public",
+    )
     gossip_heartbeat_s: float = _f(1.0, "gossipsub heartbeat in seconds")
     reach_diagnosis_after_s: float = _f(
         60.0, "with no peer reached for this many seconds, log why (cause and remedy) and show it"
@@ -84,8 +93,18 @@ class NetConfig:
             raise ConfigError(f"gossip_heartbeat_s must be > 0, got {self.gossip_heartbeat_s}")
         if self.reach_diagnosis_after_s <= 0 or self.reach_diagnosis_every_s <= 0:
             raise ConfigError("reach_diagnosis_after_s and reach_diagnosis_every_s must be > 0")
+        if self.reachability not in ("auto", "public", "private"):
+            raise ConfigError(f"reachability must be auto, public or private, got {self.reachability!r}")
+        for m in self.relay_list:
+            if "/p2p/" not in m:
+                raise ConfigError(f"a relay address must end in /p2p/<peer id>, got {m!r}")
         if self.p2pd_gogc < 0:
             raise ConfigError(f"p2pd_gogc must be >= 0, got {self.p2pd_gogc}")
+
+    @property
+    def relay_list(self) -> tuple[str, ...]:
+        """``relays`` split on commas, blanks dropped."""
+        return tuple(m.strip() for m in self.relays.split(",") if m.strip())
 
 
 @dataclasses.dataclass(frozen=True)

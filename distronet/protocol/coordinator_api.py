@@ -398,6 +398,8 @@ SIG_RE = r"[A-Za-z0-9+/]{86}=="
 MADDR_RE = r"/[\x21-\x7e]{1,255}"
 MAX_SHARDS = 1_000_000
 MADDR = Field("multiaddr", "str", pattern=MADDR_RE)
+RELAY_RE = r"/[\x21-\x7e]{1,200}/p2p/[1-9A-HJ-NP-Za-km-z]{32,64}"  # a full multiaddr: ends in /p2p/<id>
+MAX_RUN_RELAYS = 8
 
 
 _TOKENIZER_FIELDS = ("vocab_size", "eos_id", "tokenizer_file", "tokenizer_sha256")
@@ -504,6 +506,15 @@ CREATE_RUN = Schema(
         Field("bandwidth", "object", required=False, schema=BANDWIDTH),
         Field("admission", "object", required=False, schema=ADMISSION),
         Field("credit", "object", required=False, schema=CREDIT),
+        Field(
+            "relays",
+            "list",
+            required=False,
+            default=[],
+            max_length=MAX_RUN_RELAYS,
+            items=Field("relay", "str", pattern=RELAY_RE),
+            description="circuit relays (distro-node relay) handed to joining nodes",
+        ),
         Field("heartbeat_interval_s", "float", required=False, default=5.0, minimum=0.1, maximum=3600),
         Field("node_timeout_s", "float", required=False, default=30.0, minimum=1, maximum=86400),
     ),

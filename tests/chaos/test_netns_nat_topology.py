@@ -78,7 +78,14 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 def test_homes_nat_like_their_routers() -> None:
     assert WHY_NOT is None, f"CI must run the NAT tests: {WHY_NOT}"
     homes = [Home(NatKind.EIM, 2), Home(NatKind.SYMMETRIC, 2)]
-    with NatNet(1, homes, LinkShape("50mbit", "50mbit", 0.0), prefix="dnt", subnet="10.79.0") as net:
+    with NatNet(
+        1,
+        homes,
+        LinkShape("50mbit", "50mbit", 0.0),
+        prefix="dnt",
+        public_net="192.0.0.64/27",
+        lan_base="10.79",
+    ) as net:
         server = subprocess.Popen(
             [*net.exec_prefix(0), sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True
         )

@@ -83,7 +83,7 @@ def test_a_blocked_relay_is_diagnosed_as_no_relay(tmp_path: Path) -> None:
     assert WHY_NOT is None, f"CI must run the NAT tests: {WHY_NOT}"
     run = write_run(tmp_path, RUN_ID, shards=2, node_timeout_s=300.0)
     with NatNet(1, [Home(NatKind.EIM, 1)], LinkShape("50mbit", "50mbit", 0.0), prefix="dnd",
-                subnet="10.81.0") as net:  # fmt: skip
+                public_net="192.0.0.96/27", lan_base="10.81") as net:  # fmt: skip
         relay_ip = net.node_ip(0)
         relay = Identity.generate()
         relay.save(tmp_path / "relay.key")

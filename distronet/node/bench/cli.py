@@ -10,7 +10,7 @@ import argparse
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register `distro-node bench` and its sub-commands."""
-    from distronet.node.bench import codec, converge, coordinator, hostile, network
+    from distronet.node.bench import codec, converge, coordinator, hostile, nat, network
 
     p = sub.add_parser("bench", help="run a benchmark")
     bsub = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
@@ -18,4 +18,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     converge.add_parser(bsub)
     coordinator.add_parser(bsub)
     hostile.add_parser(bsub)
+    nat.add_parser(bsub)
     network.add_parser(bsub)

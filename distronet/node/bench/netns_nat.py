@@ -1,17 +1,24 @@
 """Homes behind NAT routers for real node processes: namespaces, veths, bridges, nftables, ``tc``.
 
-Layout (``NatNet``, prefix ``P``, public subnet ``S`` = e.g. ``10.78.0``)::
+Layout (``NatNet``, prefix ``P``, public network ``W`` = e.g. ``192.0.0.128/27``, LAN base
+``L`` = e.g. ``10.78``)::
 
-    root namespace     bridge P-pub (S.1/24)            ← the coordinator listens here
-    ├── P-p<i>         public node i: eth0 S.<10+i>/24   (on the bridge, no NAT)
-    └── P-r<h>         home h's router: wan S.<100+h>/24 (on the bridge)
-        │              bridge lan (L_h.1/24), nftables masquerade wan-ward, forward filter
-        └── P-h<h>n<j> node j of home h: eth0 L_h.<10+j>/24, default route via L_h.1
+    root namespace     bridge P-pub (W[1])              ← the coordinator listens here
+    ├── P-p<i>         public node i: eth0 W[2+i]        (on the bridge, no NAT)
+    └── P-r<h>         home h's router: wan W[-2-h]      (on the bridge)
+        │              bridge lan (L.<10+h>.1/24), nftables masquerade wan-ward, forward filter
+        └── P-h<h>n<j> node j of home h: eth0 L.<10+h>.<10+j>/24, default route via the router
 
-``L_h`` is ``S``'s first two octets with third octet ``10 + h`` (``10.78.10``, ``10.78.11``).
-Nothing has a default route out of the machine: a router knows only its LAN and the public /24,
-the root namespace's forwarding is left as it is, so a packet for another home's LAN gets "no
-route" at once and nothing leaves to the outside.
+The public side needs addresses libp2p counts as public: go-libp2p builds ``/p2p-circuit``
+addresses only from a relay's public addresses and drops private (RFC 1918) ones. The default
+``W`` is in 192.0.0.0/24 (IETF protocol assignments, never routed on the internet) past the
+/26 that multiaddr's ``IsPublicAddr`` calls unroutable, so it counts as public and shadows no
+host anyone could reach. Nets built at the same time need disjoint ones: the tests and
+``bench nat`` take 192.0.0.64/27, .128/27 and .192/27; .96/27 and .224/27 are free.
+
+Nothing has a default route out of the machine: a router knows only its LAN and ``W``, the root
+namespace's forwarding is left as it is, so a packet for another home's LAN gets "no route" at
+once and nothing leaves to the outside.
 
 The NAT kinds (:class:`NatKind`):
 
@@ -41,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import ipaddress
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -114,9 +122,10 @@ def _nat_rules(kind: NatKind) -> str:
 class NatNet:
     """``public`` nodes on a public bridge and ``homes`` behind NAT routers. A context manager.
 
-    ``prefix`` (≤ 5 characters, letters/digits) names everything; ``subnet`` is the first three
-    octets of the public /24 (the home LANs take third octets ``10 + h`` of its /16). Cost: about
-    20 ``ip``/``tc``/``nft`` calls per node and router to build; removing is one per namespace.
+    ``prefix`` (≤ 5 characters, letters/digits) names everything; ``public_net`` is the public
+    segment (module doc; two nets built at once need different ones); ``lan_base`` the first two
+    octets of the home LANs (home ``h``: ``<lan_base>.<10 + h>.0/24``). Cost: about 20
+    ``ip``/``tc``/``nft`` calls per node and router to build; removing is one per namespace.
     """
 
     def __init__(
@@ -126,21 +135,28 @@ class NatNet:
         link: LinkShape,
         *,
         prefix: str = "dnn",
-        subnet: str = "10.78.0",
+        public_net: str = "192.0.0.128/27",
+        lan_base: str = "10.78",
     ) -> None:
         if not (prefix.isalnum() and 1 <= len(prefix) <= 5):
             raise NetnsError(f"prefix must be 1..5 letters or digits, got {prefix!r}")
         if not 0 <= public <= 50 or not 0 <= len(homes) <= 20:
             raise NetnsError(f"0..50 public nodes and 0..20 homes, got {public} and {len(homes)}")
-        octets = subnet.split(".")
-        if len(octets) != 3 or not all(o.isdigit() and int(o) < 256 for o in octets):
-            raise NetnsError(f"subnet must be three octets like 10.78.0, got {subnet!r}")
-        self.link, self.prefix, self.subnet = link, prefix, subnet
+        octets = lan_base.split(".")
+        if len(octets) != 2 or not all(o.isdigit() and int(o) < 256 for o in octets):
+            raise NetnsError(f"lan_base must be two octets like 10.78, got {lan_base!r}")
+        try:
+            self.public_net = ipaddress.IPv4Network(public_net)
+        except ValueError as e:
+            raise NetnsError(f"public_net must be an IPv4 network like 192.0.0.128/27: {e}") from None
+        if public + len(homes) + 4 > self.public_net.num_addresses:
+            raise NetnsError(f"{public_net} has no room for {public} public nodes and {len(homes)} routers")
+        self.link, self.prefix, self.lan_base = link, prefix, lan_base
         self.homes = tuple(homes)
         self.bridge = f"{prefix}-pub"
         self.delay_applied = False
         self.nodes: list[NatNode] = [
-            NatNode(i, f"{prefix}-p{i}", f"{subnet}.{10 + i}", None, None) for i in range(public)
+            NatNode(i, f"{prefix}-p{i}", str(self.public_net[2 + i]), None, None) for i in range(public)
         ]
         for h, home in enumerate(self.homes):
             for j in range(home.nodes):
@@ -158,19 +174,18 @@ class NatNet:
     @property
     def host_ip(self) -> str:
         """The root namespace's address on the public bridge (where a coordinator listens)."""
-        return f"{self.subnet}.1"
+        return str(self.public_net[1])
 
     def lan(self, h: int) -> str:
         """Home ``h``'s LAN, three octets."""
-        a, b, _ = self.subnet.split(".")
-        return f"{a}.{b}.{10 + h}"
+        return f"{self.lan_base}.{10 + h}"
 
     def router_ns(self, h: int) -> str:
         return f"{self.prefix}-r{h}"
 
     def router_wan_ip(self, h: int) -> str:
         """The one public address home ``h`` shows the world."""
-        return f"{self.subnet}.{100 + h}"
+        return str(self.public_net[-2 - h])
 
     def node_ip(self, i: int) -> str:
         return self.nodes[i].ip
@@ -253,7 +268,9 @@ class NatNet:
         _run("ip", "link", "add", wan_root, "type", "veth", "peer", "name", "wan", "netns", r)
         _run("ip", "link", "set", wan_root, "master", self.bridge)
         _run("ip", "link", "set", wan_root, "up")
-        _run("ip", "-n", r, "addr", "add", f"{self.router_wan_ip(h)}/24", "dev", "wan")
+        _run(
+            "ip", "-n", r, "addr", "add", f"{self.router_wan_ip(h)}/{self.public_net.prefixlen}", "dev", "wan"
+        )
         _run("ip", "-n", r, "link", "set", "wan", "up")
         _run("ip", "-n", r, "link", "add", "lan", "type", "bridge")
         _run("ip", "-n", r, "addr", "add", f"{self.lan(h)}.1/24", "dev", "lan")
@@ -279,7 +296,8 @@ class NatNet:
                  "netns", node.ns)  # fmt: skip
             _run("ip", "-n", outer_ns, "link", "set", outer, "master", "lan")
             _run("ip", "-n", outer_ns, "link", "set", outer, "up")
-        _run("ip", "-n", node.ns, "addr", "add", f"{node.ip}/24", "dev", "eth0")
+        plen = 24 if node.home is not None else self.public_net.prefixlen
+        _run("ip", "-n", node.ns, "addr", "add", f"{node.ip}/{plen}", "dev", "eth0")
         _run("ip", "-n", node.ns, "link", "set", "eth0", "up")
         if node.home is not None:
             _run("ip", "-n", node.ns, "route", "add", "default", "via", f"{self.lan(node.home)}.1")
@@ -291,7 +309,7 @@ class NatNet:
         self.remove_leftovers()
         self.delay_applied = self.link.delay_ms > 0 and self._netem_works()
         _run("ip", "link", "add", self.bridge, "type", "bridge")
-        _run("ip", "addr", "add", f"{self.host_ip}/24", "dev", self.bridge)
+        _run("ip", "addr", "add", f"{self.host_ip}/{self.public_net.prefixlen}", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
         for h in range(len(self.homes)):
             self._build_router(h)

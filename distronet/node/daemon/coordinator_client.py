@@ -110,6 +110,19 @@ class JoinResult:
     run: dict[str, Any]
     heartbeat_interval_s: float
     max_leases: int
+    relays: tuple[str, ...] = ()
+
+
+MAX_RELAYS = 8  # relays taken from one join answer (docs/protocol.md §11)
+
+
+def relay_list(raw: object) -> tuple[str, ...]:
+    """The join answer's ``relays``: full multiaddrs (``…/p2p/<id>``), at most ``MAX_RELAYS``;
+    anything else is dropped (an older coordinator sends none)."""
+    if not isinstance(raw, list):
+        return ()
+    ok = [m for m in raw if isinstance(m, str) and "/p2p/" in m and m.startswith("/") and len(m) <= 255]
+    return tuple(ok[:MAX_RELAYS])
 
 
 _HOT_SUFFIXES = ("/heartbeat", "/leases", "/renew", "/complete")
@@ -345,7 +358,12 @@ class CoordinatorClient:
         r = await self._call("POST", f"/runs/{self.run_id}/join", body)
         self._take_credential(r)
         return JoinResult(
-            r["node"], r["bootstrap_peers"], r["run"], r["heartbeat_interval_s"], r["max_leases"]
+            r["node"],
+            r["bootstrap_peers"],
+            r["run"],
+            r["heartbeat_interval_s"],
+            r["max_leases"],
+            relay_list(r.get("relays")),
         )
 
     async def lease(self, want: int = 1) -> list[Lease]:

@@ -91,19 +91,29 @@ class LoopParts:
 
 
 async def live_peers(swarm: Swarm, run_id: str) -> int:
-    """Other nodes in both of our gossip topics (0 when the swarm is gone)."""
+    """Other nodes in both of our gossip topics (0 when the swarm is gone). gossipsub ignores
+    relayed connections: a peer we reach only through a relay counts when the relay (which
+    forwards the run's gossip, ``node/relay.py``) is in both topics; the relays are not nodes."""
     if not swarm.host.alive:
         return 0
     a = set(await swarm.gossip.topic_peers(swarm.topic))
     b = set(await swarm.gossip.topic_peers(manifest_topic(run_id)))
-    return len(a & b)
+    both = {p.to_base58() for p in a & b}
+    relays = swarm.host.relay_ids
+    if both & relays:  # gossip reaches us through the relay from the peers behind it
+        both |= await swarm.host.relayed_peers()
+    return len(both - relays)
 
 
 async def discover(parts: LoopParts) -> int:
     """Ask the coordinator for live peers (a fresh signed join) and dial those we are not connected to.
 
-    Returns how many dials succeeded. Never raises for an unreachable coordinator or peer.
+    Our addresses are read afresh first: a relay reservation made after the start adds a
+    ``/p2p-circuit`` address that peers behind other NATs need. Returns how many dials
+    succeeded. Never raises for an unreachable coordinator or peer.
     """
+    with contextlib.suppress(SwarmError):
+        parts.maddrs[:] = await parts.swarm.host.maddrs()
     try:
         joined = await asyncio.wait_for(
             parts.client.join(
@@ -117,8 +127,11 @@ async def discover(parts: LoopParts) -> int:
     have = {p.to_base58() for p in await parts.swarm.host.connected_peers()}
     dialled = 0
     boot = bootstrap_addrs(joined.bootstrap_peers, parts.identity.peer_id_b58)
-    parts.reach.set_relays(boot)
-    for addr in boot:
+    # the run's relays when it names any (join answer, then --relays); else every bootstrap peer
+    # is a relay candidate for the diagnosis
+    relays = tuple(dict.fromkeys((*joined.relays, *parts.cfg.net.relay_list)))
+    parts.reach.set_relays(relays or boot)
+    for addr in dict.fromkeys((*relays, *boot)):
         if addr.rsplit("/p2p/", 1)[-1] in have:
             parts.reach.dialled(addr, True)
             continue

@@ -180,7 +180,7 @@ class Node:
         self.status = NodeStatus(cfg.run_id, identity.peer_id_b58, state=self.state.value)
         self.status_file = StatusFile(cfg.data_path / "status.json")
         boot = parts.bootstrap_addrs(joined.bootstrap_peers, identity.peer_id_b58)
-        maddrs = await self._connect(identity, key_path, boot, xcfg)
+        maddrs = await self._connect(identity, key_path, boot, xcfg, joined.relays)
         log.info("p2pd up, %d bootstrap address(es); building the model", len(boot))
         await self.client.heartbeat(0, multiaddrs=maddrs)
         if backend is None and cfg.train.device != "cpu":  # --device auto: its device is known now
@@ -260,11 +260,16 @@ class Node:
             log.warning("the coordinator's credential for us does not verify: %s", e)
 
     async def _connect(
-        self, identity: Identity, key_path: Path, boot: tuple[str, ...], xcfg: ExchangeConfig
+        self,
+        identity: Identity,
+        key_path: Path,
+        boot: tuple[str, ...],
+        xcfg: ExchangeConfig,
+        relays: tuple[str, ...] = (),
     ) -> list[str]:
         """p2pd, the exchange, the state donor and the digest board; our dialable addresses."""
         try:
-            self.swarm = await parts.start_swarm(self.cfg, self.cfg.run_id, identity, key_path, boot)
+            self.swarm = await parts.start_swarm(self.cfg, self.cfg.run_id, identity, key_path, boot, relays)
             self.admission = parts.admission(self.cfg, self.run_info)
             self.core = await AsyncSwarmExchange.create(self.swarm, xcfg, self.admission)
             self._take_credential(self.client.credential if self.client is not None else None)

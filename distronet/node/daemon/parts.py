@@ -145,9 +145,17 @@ def bootstrap_addrs(peers: list[dict[str, Any]], own: str) -> tuple[str, ...]:
 
 
 async def start_swarm(
-    cfg: NodeConfig, run_id: str, identity: Identity, key_path: Path, bootstrap: tuple[str, ...]
+    cfg: NodeConfig,
+    run_id: str,
+    identity: Identity,
+    key_path: Path,
+    bootstrap: tuple[str, ...],
+    relays: tuple[str, ...] = (),
 ) -> Swarm:
     """p2pd with our key, joined through ``bootstrap``; alone when none is given or none answers.
+
+    ``relays`` (the coordinator's, then ``--relays``) are bootstrap peers too — a relay is a DHT
+    node every peer can reach — and p2pd reserves a slot on them when it is unreachable.
 
     Raises ``SwarmError`` (``DaemonError``, ``MembershipError``) when even a lone start fails.
     """
@@ -165,12 +173,23 @@ async def start_swarm(
             nat_traversal=net.nat_traversal,
             gossip_heartbeat_s=net.gossip_heartbeat_s,
             gogc=net.p2pd_gogc,
+            relays=all_relays,
+            reachability=net.reachability,
         )
+
+    all_relays = tuple(dict.fromkeys((*relays, *net.relay_list)))
+    bootstrap = tuple(dict.fromkeys((*all_relays, *bootstrap)))
 
     if bootstrap:
         try:
             return await Swarm.start(identity, swarm_cfg(bootstrap), members, bandwidth=bw)
         except SwarmError as e:
+            if all_relays and bootstrap != all_relays:
+                log.warning("no bootstrap peer answered (%s); starting with the relays only", e)
+                try:
+                    return await Swarm.start(identity, swarm_cfg(all_relays), members, bandwidth=bw)
+                except SwarmError as e2:
+                    e = e2
             log.warning("no bootstrap peer answered (%s); starting alone", e)
     return await Swarm.start(identity, swarm_cfg(()), members, bandwidth=bw)
 

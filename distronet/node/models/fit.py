@@ -30,13 +30,18 @@ model's shape (layers, width, heads, head size, MLP width, vocabulary) and the r
   backward pass (per layer, from the block's structure: its norms, projections, attention
   probabilities when the attention is eager, MLP), the logits and their log-softmax (float32),
   and the backward pass's own transients at its start (the gradient of the log-probabilities
-  and of the logits); with checkpointing, each block's input plus one block recomputed.
+  and of the logits); with checkpointing, each block's input plus the larger of the head at the
+  start of backward and one block recomputed (its saved tensors and backward transient; the
+  head's are freed by then).
 * ``codec``: the optimizer step's temporaries (the round's decoded aggregate for every tensor,
   the packet's top-k values and indices, DCT scratch of the largest tensor). The activations
   are freed by then, so the peak holds the larger of ``activations`` and ``codec``, not both.
 * ``allocator``: on the CPU, what the C heap keeps beyond the live tensors (``HEAP_RETENTION``
-  of the activations; more with several passes a step or checkpointing, measured on glibc); 0 on
-  CUDA, where the figure held to is torch's count of live tensors.
+  of the activations; ``HEAP_RETENTION_PASSES`` with several passes a step, measured on glibc;
+  with checkpointing, ``HEAP_RETENTION_CHECKPOINTED`` of the un-checkpointed activations that
+  live in heap-sized tensors, the forward and the recomputation each sweeping them through the
+  heap, tensors of :data:`MMAP_CEILING` or more being mmapped, never retained); 0 on CUDA, where the
+  figure held to is torch's count of live tensors.
 * ``runtime``: a fixed allowance for what the compute library touches on its first pass
   (kernel code, thread pools; CPU) or its workspace (cuBLAS; CUDA).
 """
@@ -84,10 +89,16 @@ docs/decisions/fit-estimate.md)."""
 HEAP_RETENTION_PASSES = 0.8
 """The same with two or more passes a step (gradient accumulation): measured 0.65-0.94 at 2 and 4
 passes, not growing from 2 to 4."""
-HEAP_RETENTION_CHECKPOINTED = 0.6
-"""With activation checkpointing, as a share of the activations *without* it (the forward and the
-recomputation each sweep a block's full activations through the heap): measured 0.41 (Llama)
-and 0.60 (GPT)."""
+HEAP_RETENTION_CHECKPOINTED = 0.7
+"""With activation checkpointing, as a share of the un-checkpointed activations held in heap-sized
+tensors (under :data:`MMAP_CEILING`): the checkpointed forward and the recomputation each sweep
+every block's full activations through the heap, though no more than one block's live at once.
+Measured 0.57-0.84 over four runs of the Llama (whose 64 MiB vocabulary-wide tensors are
+mmapped) and 0.67-0.68 over two of the GPT (all heap-sized); mean 0.68."""
+MMAP_CEILING = 32 * MiB
+"""glibc's dynamic mmap threshold never rises above this (``DEFAULT_MMAP_THRESHOLD_MAX``, 64-bit):
+a tensor this large or larger is always mmapped and handed back to the system when freed, so it
+never stays in the heap (while it lives it is resident beside the heap)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,6 +250,24 @@ def _layer_floats(s: ModelShape, seq: int, rows: int) -> tuple[float, float]:
     return saved, transient
 
 
+def _mmapped_floats(s: ModelShape, seq: int, rows: int) -> float:
+    """Floats per token of the un-checkpointed peak (:func:`_layer_floats` for every block, the
+    head and its backward transient) held in tensors of at least :data:`MMAP_CEILING` bytes,
+    which glibc mmaps: the head's vocabulary-wide tensors (the log-softmax and the two gradients
+    at the start of backward), a block's MLP-wide tensors and its attention probabilities."""
+    tokens = rows * seq
+
+    def big(width: float) -> bool:
+        return F32 * tokens * width >= MMAP_CEILING
+
+    out = 3.0 * s.vocab if big(s.vocab) else 0.0
+    mlp = {"gpt": 2, "llama": 4}.get(s.kind, 2.25)  # MLP-wide tensors a block saves
+    per_layer = mlp * s.ffn if big(s.ffn) else 0.0
+    if s.eager_attention and big(s.heads * seq):
+        per_layer += (2.25 if s.kind == "gpt2" else 1) * s.heads * seq
+    return out + s.layers * per_layer
+
+
 def _head_floats(s: ModelShape, seq: int, rows: int) -> float:
     """Floats per token kept outside the blocks: the final norm (input, output), the
     log-softmax of the logits, the ids and targets (int64), the rotary tables."""
@@ -330,7 +359,12 @@ def estimate(
     head_transient = 2 * s.vocab
     full = F32 * tokens * (s.layers * saved + head + max(transient, head_transient))  # no checkpointing
     if ckpt:
-        act = F32 * tokens * (s.layers * s.hidden + head + max(saved + transient, head_transient))
+        # each block keeps its input only; the peak is either the start of backward (the head's
+        # saved tensors and its gradients) or, once the head's are freed, one block recomputed
+        # (its saved tensors, its backward transient, the gradient flowing into it)
+        at_head = head + head_transient
+        in_block = saved + transient + s.hidden
+        act = F32 * tokens * (s.layers * s.hidden + max(at_head, in_block))
     else:
         act = full
     if precision == "bf16":
@@ -350,7 +384,11 @@ def estimate(
     if device == "cuda":
         heap = 0
     elif ckpt:
-        heap = int(HEAP_RETENTION_CHECKPOINTED * full)
+        # the checkpointed forward and the recomputation each sweep every block's full
+        # activations through the heap; only what lives in heap-sized tensors (under glibc's
+        # mmap ceiling) can stay behind there
+        churn = full - F32 * tokens * _mmapped_floats(s, seq, rows)
+        heap = int(HEAP_RETENTION_CHECKPOINTED * churn)
     else:
         heap = int((HEAP_RETENTION_PASSES if passes > 1 else HEAP_RETENTION) * act)
     return FitEstimate(

@@ -69,7 +69,10 @@ async def repair_links(
     for topic in topics:
         peers = {p.to_base58() for p in await swarm.gossip.topic_peers(topic)}
         in_topic = peers if in_topic is None else in_topic & peers
-    due = watch.due(members, in_topic or set(), time.monotonic())
+    in_topic = in_topic or set()
+    if in_topic & swarm.host.relay_ids:  # gossipsub skips relayed connections; the relay forwards
+        in_topic |= await swarm.host.relayed_peers()
+    due = watch.due(members, in_topic, time.monotonic())
     if not due:
         return []
     connected = {p.to_base58() for p in await swarm.host.connected_peers()}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import os
 import signal
 from collections.abc import Awaitable, Iterator
@@ -23,9 +24,43 @@ from hivemind.utils.multiaddr import Multiaddr
 from distronet.node.swarm.errors import DaemonError
 from distronet.protocol.errors import ConfigError
 
-__all__ = ["SwarmConfig", "SwarmHost", "with_deadline"]
+__all__ = ["REACHABILITY", "RelayService", "SwarmConfig", "SwarmHost", "with_deadline"]
+
+REACHABILITY = ("auto", "public", "private")
+
+
+@dataclass(frozen=True)
+class RelayService:
+    """Circuit relay v2 service limits (p2pd's ``-relay*`` flags; docs/decisions/nat-traversal.md).
+
+    ``max_circuits``: open relayed connections per peer; ``max_reservations``: reserved slots in
+    all; ``circuit_bytes``: bytes one circuit may carry in each direction before the relay resets
+    it; ``circuit_s``: how long one circuit may live; ``buffer_bytes``: each circuit's buffer.
+    p2pd has no rate limit for relayed traffic, and no way to restrict whom it serves.
+    """
+
+    max_circuits: int = 16
+    max_reservations: int = 128
+    circuit_bytes: int = 1 << 32
+    circuit_s: float = 1800.0
+    buffer_bytes: int = 1 << 16
+
+    def __post_init__(self) -> None:
+        for name, low, high in (
+            ("max_circuits", 1, 10_000),
+            ("max_reservations", 1, 100_000),
+            ("circuit_bytes", 1 << 16, 1 << 50),
+            ("buffer_bytes", 1 << 10, 1 << 28),
+        ):
+            value = getattr(self, name)
+            if not low <= value <= high:
+                raise ConfigError(f"relay {name} must be in {low}..{high}, got {value}")
+        if not 1.0 <= self.circuit_s <= 7 * 86400:
+            raise ConfigError(f"relay circuit_s must be in 1..604800 s, got {self.circuit_s}")
+
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -40,6 +75,12 @@ class SwarmConfig:
     ``idle_timeout_s``: p2pd exits by itself this long after our control connection is gone, so a
     crashed node leaves no daemon behind. ``gogc`` is the ``GOGC`` of the p2pd child (0: it
     inherits ours).
+
+    ``relays`` are full multiaddrs of circuit relays (``…/p2p/<id>``): with ``nat_traversal`` p2pd
+    keeps a reservation on them (``-autoRelay -trustedRelays``) once it thinks it is unreachable,
+    and announces ``<relay>/p2p-circuit`` addresses. ``reachability`` forces that verdict
+    (``public``/``private``) instead of waiting for AutoNAT (``auto``). ``relay_service`` makes
+    this p2pd a relay for others (None: it relays nothing, so no stranger spends its bandwidth).
     """
 
     host_maddrs: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)
@@ -54,6 +95,16 @@ class SwarmConfig:
     call_timeout_s: float = 10.0
     close_timeout_s: float = 5.0
     gogc: int = 0
+    relays: tuple[str, ...] = ()
+    reachability: str = "auto"
+    relay_service: RelayService | None = None
+
+    def __post_init__(self) -> None:
+        if self.reachability not in REACHABILITY:
+            raise ConfigError(f"reachability must be one of {REACHABILITY}, got {self.reachability!r}")
+        for m in self.relays:
+            if "/p2p/" not in m:
+                raise ConfigError(f"a relay address must end in /p2p/<peer id>, got {m!r}")
 
 
 async def with_deadline(aw: Awaitable[T], timeout: float, what: str) -> T:
@@ -88,7 +139,29 @@ def _daemon_flags(config: SwarmConfig) -> dict[str, Any]:
     if config.gossip_heartbeat_s is not None:
         flags["gossipsubHeartbeatInterval"] = f"{config.gossip_heartbeat_s}s"
         flags["gossipsubHeartbeatInitialDelay"] = f"{min(0.1, config.gossip_heartbeat_s)}s"
+    if _uses_relays(config):
+        # static relays only: with discovery on, p2pd's autorelay waits for 4 candidates
+        # (3 minutes' boot delay) before it reserves a slot on the one relay a run has
+        flags["relayDiscovery"] = 0
+    relay = config.relay_service
+    if relay is None:
+        flags["relayService"] = 0  # p2pd's default is to relay for anyone
+    else:
+        flags.update(
+            relay=1,
+            relayService=1,
+            relayMaxCircuits=relay.max_circuits,
+            relayMaxReservations=relay.max_reservations,
+            relayDataLimit=relay.circuit_bytes,
+            relayTimeLimit=f"{relay.circuit_s}s",
+            relayBufferSize=relay.buffer_bytes,
+        )
     return flags
+
+
+def _uses_relays(config: SwarmConfig) -> bool:
+    """Whether p2pd should reserve slots on ``config.relays`` (``-autoRelay``)."""
+    return config.nat_traversal and bool(config.relays)
 
 
 def _child_env(config: SwarmConfig) -> dict[str, str]:
@@ -138,8 +211,13 @@ class SwarmHost:
         cls_p2p: type[_PubsubP2P] = type(
             "_RunP2P", (_PubsubP2P,), {"_flags": _daemon_flags(config), "_instances": []}
         )
+        # Relays are dialled after the start, not as p2pd bootstrap peers: autorelay connects to
+        # them first, and p2pd's bootstrap then skips a connected peer without counting it, so a
+        # list of relays alone would fail with "failed to connect to bootstrap peers".
+        relays = config.relays if _uses_relays(config) else ()
+        boot = [m for m in config.bootstrap if m not in relays]
         create = cls_p2p.create(
-            initial_peers=list(config.bootstrap) or None,
+            initial_peers=boot or None,
             host_maddrs=list(config.host_maddrs),
             announce_maddrs=list(config.announce_maddrs) or None,
             identity_path=config.identity_path,
@@ -147,7 +225,10 @@ class SwarmHost:
             startup_timeout=config.startup_timeout_s,
             auto_nat=config.nat_traversal,
             nat_port_map=config.nat_traversal,
-            use_relay=config.nat_traversal,
+            use_relay=config.nat_traversal or config.relay_service is not None,
+            use_auto_relay=_uses_relays(config),
+            trusted_relays=list(config.relays) if _uses_relays(config) else None,
+            force_reachability=None if config.reachability == "auto" else config.reachability,
             check_if_identity_free=False,
         )
         try:
@@ -166,7 +247,13 @@ class SwarmHost:
                     "check the addresses or retry when the run's peers are up"
                 ) from e
             raise DaemonError(f"p2pd failed to start: {e}") from e
-        return cls(p2p, config)
+        host = cls(p2p, config)
+        for m in relays:  # also puts their addresses in p2pd's peerstore, for the DHT's pings
+            try:
+                await host.connect(m)
+            except DaemonError as e:
+                log.warning("relay %s did not answer: %s", m, e)
+        return host
 
     @property
     def peer_id(self) -> PeerID:
@@ -226,6 +313,25 @@ class SwarmHost:
             raise
         except Exception as e:
             raise DaemonError(f"cannot disconnect {peer.to_base58()}: {e}") from e
+
+    @functools.cached_property
+    def relay_ids(self) -> frozenset[str]:
+        """The base58 peer ids of ``config.relays``."""
+        return frozenset(m.rsplit("/p2p/", 1)[1] for m in self.config.relays)
+
+    async def relayed_peers(self) -> set[str]:
+        """Peers (base58) we reach only through a relay: every connection's remote address
+        holds ``/p2p-circuit``. Raises DaemonError when p2pd does not answer in time."""
+        infos = await with_deadline(self.p2p.list_peers(), self.config.call_timeout_s, "list peers")
+        direct: set[str] = set()
+        relayed: set[str] = set()
+        for info in infos:
+            pid = info.peer_id.to_base58()
+            if any("/p2p-circuit" in str(a) for a in info.addrs):
+                relayed.add(pid)
+            else:
+                direct.add(pid)
+        return relayed - direct
 
     async def connected_peers(self) -> list[PeerID]:
         infos = await with_deadline(self.p2p.list_peers(), self.config.call_timeout_s, "list peers")

@@ -22,7 +22,7 @@ from distronet.node.catchup.digests import DigestBoard, ask_digest, state_to_ado
 from distronet.node.catchup.replica import CatchUpStatus
 from distronet.node.catchup.statesync import Admitted
 from distronet.node.swarm.hivemind_shim import PeerID
-from distronet.node.swarm.stack import Swarm
+from distronet.node.swarm.stack import Swarm, run_peers
 
 __all__ = ["CHECK_TIMEOUT_S", "DriftCount", "DriftWatch", "drift_check"]
 
@@ -51,7 +51,7 @@ async def drift_check(
     the verdict (``status.drift_equal`` / ``drift_differs``, ``count``). Never raises for silent
     or unreachable peers."""
     mine = board.get(done)
-    peers = list(set(await swarm.gossip.topic_peers(swarm.topic)))
+    peers = await run_peers(swarm)
     if admitted is not None:
         peers = [p for p in peers if admitted(p.to_bytes())]
     if mine is None or not peers:

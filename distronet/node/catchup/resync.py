@@ -50,7 +50,7 @@ from distronet.node.catchup.statesync import Admitted, NoNewerState, StateDonor,
 from distronet.node.exchange.swarm import AsyncSwarmExchange, FellBehind
 from distronet.node.swarm.errors import SwarmError
 from distronet.node.swarm.hivemind_shim import PeerID
-from distronet.node.swarm.stack import Swarm
+from distronet.node.swarm.stack import Swarm, run_peers
 from distronet.protocol.errors import ConfigError, DistroError
 from distronet.protocol.identity import peer_id_to_b58
 
@@ -176,7 +176,8 @@ class CatchUp:
         replica moved (adopted, or replayed up to the swarm's step).
 
         ``donors``: fetch only from these peers (the drift check's winning group: our state
-        differs, so no replay); default: every peer on the run's topic, and a node a few rounds
+        differs, so no replay); default: the run's peers (``stack.run_peers``: the topic's, less
+        relays, plus those reached only through one), and a node a few rounds
         behind replays them instead (``joining``: a swarm at most one step ahead is in step with
         us, nothing is downloaded). Only a state a quorum of the donors agree on, at most
         ``max_step``, is adopted (``statesync.choose_root``). A downloaded state restarts momentum at zero
@@ -186,7 +187,7 @@ class CatchUp:
         self.failed = False
         replay = donors is None
         if donors is None:
-            donors = list(set(await self.swarm.gossip.topic_peers(self.swarm.topic)))
+            donors = await run_peers(self.swarm)
         if not donors:
             return False
         peers = [p.to_bytes() for p in donors]

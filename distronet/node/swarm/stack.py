@@ -6,6 +6,8 @@ import contextlib
 from dataclasses import dataclass
 
 from distronet.node.swarm.budget import Bandwidth
+from distronet.node.swarm.errors import DaemonError
+from distronet.node.swarm.hivemind_shim import PeerID
 from distronet.node.swarm.membership import Membership, MembershipConfig
 from distronet.node.swarm.p2p import SwarmConfig, SwarmHost
 from distronet.node.swarm.pubsub import Gossip
@@ -13,7 +15,7 @@ from distronet.node.swarm.pull import ContentStore, Puller
 from distronet.protocol.errors import ConfigError
 from distronet.protocol.identity import Identity
 
-__all__ = ["Swarm", "announce_topic"]
+__all__ = ["Swarm", "announce_topic", "run_peers"]
 
 
 def announce_topic(run_id: str) -> str:
@@ -81,3 +83,18 @@ class Swarm:
         with contextlib.suppress(Exception):
             await self.membership.close(leave=leave)
         await self.host.close()
+
+
+async def run_peers(swarm: Swarm) -> list[PeerID]:
+    """The run's other nodes to ask (drift checks, replay and state donors): the peers in our
+    announcement topic, less the run's relays (they hold no state). gossipsub ignores relayed
+    connections, so while a relay is in the topic (it forwards the run's gossip) the peers we
+    reach only through a relay count too; when p2pd does not say which those are, the topic's
+    peers alone."""
+    topic = {p.to_base58(): p for p in await swarm.gossip.topic_peers(swarm.topic)}
+    relays = swarm.host.relay_ids
+    if relays & topic.keys():
+        with contextlib.suppress(DaemonError):
+            for b58 in await swarm.host.relayed_peers():
+                topic.setdefault(b58, PeerID.from_base58(b58))
+    return [p for b58, p in topic.items() if b58 not in relays]

@@ -33,6 +33,9 @@ class _Peer:
     def to_bytes(self) -> bytes:
         return self.name
 
+    def to_base58(self) -> str:  # what the run's peers are keyed by (never a relay's id here)
+        return self.name.hex()
+
 
 A, B = _Peer(b"a" * 38), _Peer(b"b" * 38)
 DONOR = Identity.from_seed(b"\x05" * 32)  # the signer of the state manifest the fake fetch chooses
@@ -59,7 +62,11 @@ class _Net:
 
 
 def _catch_up(monkeypatch: pytest.MonkeyPatch, net: _Net, step: int = 0) -> tuple[CatchUp, Replica, Any]:
-    swarm = SimpleNamespace(topic="t", gossip=SimpleNamespace(topic_peers=_async([A, B])))
+    swarm = SimpleNamespace(
+        topic="t",
+        gossip=SimpleNamespace(topic_peers=_async([A, B])),
+        host=SimpleNamespace(relay_ids=frozenset()),
+    )
     core = SimpleNamespace(start_warmup=lambda s: s + WARMUP)
     offered: list[int] = []
     donor = SimpleNamespace(offer=lambda s, blob: offered.append(s))

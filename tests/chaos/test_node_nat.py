@@ -41,10 +41,17 @@ import pytest
 from distronet.node.bench.nat_probe import connections, control_socket, link_kinds
 from distronet.node.bench.netns import LinkShape, VethSampler
 from distronet.node.bench.netns_nat import Home, NatKind, NatNet, missing_nat_requirements
-from distronet.node.bench.netns_swarm import NetnsSwarm, SwarmFailure, write_shaped_run
+from distronet.node.bench.netns_swarm import (
+    SMALL_GPT,
+    SMALL_OPTIMIZER,
+    NetnsSwarm,
+    SwarmFailure,
+    new_relay,
+    small_exchange,
+    write_shaped_run,
+)
 from distronet.node.demo import wait_identical, wait_until
 from distronet.node.swarm.budget import parse_rate
-from distronet.protocol.identity import Identity
 
 pytestmark = [
     pytest.mark.nat,
@@ -60,16 +67,6 @@ WINDOW_S, TOLERANCE = 10.0, 1.05
 STEPS = 100
 NEWCOMER_AT, NEWCOMER_S = 20, 30.0
 RELAY_PORT = 4002
-MODEL = {
-    "arch": "gpt",
-    "depth": 2,
-    "width": 32,
-    "heads": 4,
-    "context": 64,
-    "seed": 1,
-    "batch": 8,
-    "seq_len": 64,
-}
 NODE_FLAGS = ("--nat-traversal", "--reachability", "private", "--up", UP, "--down", DOWN)
 
 
@@ -91,23 +88,13 @@ def test_nodes_behind_nat_train_through_a_relay(tmp_path: Path) -> None:
     homes = [Home(NatKind.EIM, 2), Home(NatKind.SYMMETRIC, 3)]
     link = LinkShape(up="20mbit", down="50mbit", delay_ms=20.0)
     with NatNet(1, homes, link, prefix="dnx", public_net="192.0.0.128/27", lan_base="10.78") as net:
-        relay_dir = tmp_path / "relay0"
-        relay_dir.mkdir()
-        relay_id = Identity.generate()
-        relay_id.save(relay_dir / "identity.key")  # the relay's peer id goes into the run file
-        relay = f"/ip4/{net.node_ip(0)}/tcp/{RELAY_PORT}/p2p/{relay_id.peer_id_b58}"
+        relay = new_relay(tmp_path, net.node_ip(0), RELAY_PORT)  # its peer id goes into the run file
         run = write_shaped_run(
             tmp_path,
             "nat",
-            model=MODEL,
-            optimizer={"preset": "ours_k32", "lr": 3e-3, "chunk": 16, "k": 64},
-            exchange={
-                "round_deadline_s": 0.5,
-                "manifest_grace_s": 0.2,
-                "manifest_wait_s": 1.5,
-                "pull_timeout_s": 10.0,
-                "retention": 32,
-            },
+            model=SMALL_GPT,
+            optimizer=SMALL_OPTIMIZER,
+            exchange=small_exchange(0.5),
             relays=[relay],
         )
         with NetnsSwarm(net, tmp_path, run, "nat") as swarm, VethSampler(net, interval_s=0.5) as sampler:

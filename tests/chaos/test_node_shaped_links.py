@@ -25,7 +25,13 @@ from pathlib import Path
 import pytest
 
 from distronet.node.bench.netns import LinkShape, ShapedNet, VethSampler, missing_requirements
-from distronet.node.bench.netns_swarm import NetnsSwarm, write_shaped_run
+from distronet.node.bench.netns_swarm import (
+    SMALL_GPT,
+    SMALL_OPTIMIZER,
+    NetnsSwarm,
+    small_exchange,
+    write_shaped_run,
+)
 from distronet.node.demo import common_digests
 from distronet.node.swarm.budget import parse_rate
 
@@ -35,17 +41,6 @@ WHY_NOT = missing_requirements()
 UP, DOWN = "1mbit", "5mbit"
 WINDOW_S, TOLERANCE = 10.0, 1.05
 N = 4
-# small enough that the state every node downloads at the start takes a few seconds at the budget
-MODEL = {
-    "arch": "gpt",
-    "depth": 2,
-    "width": 32,
-    "heads": 4,
-    "context": 64,
-    "seed": 1,
-    "batch": 8,
-    "seq_len": 64,
-}
 
 
 @pytest.mark.skipif(WHY_NOT is not None, reason=WHY_NOT or "")
@@ -53,15 +48,9 @@ def test_nodes_on_shaped_links_stay_within_their_budgets(tmp_path: Path) -> None
     run = write_shaped_run(
         tmp_path,
         "chaos4",
-        model=MODEL,
-        optimizer={"preset": "ours_k32", "lr": 3e-3, "chunk": 16, "k": 64},
-        exchange={
-            "round_deadline_s": 1.0,
-            "manifest_grace_s": 0.2,
-            "manifest_wait_s": 1.5,
-            "pull_timeout_s": 10.0,
-            "retention": 32,
-        },
+        model=SMALL_GPT,
+        optimizer=SMALL_OPTIMIZER,
+        exchange=small_exchange(1.0),
     )
     link = LinkShape(up="10mbit", down="50mbit", delay_ms=20.0)
     with (

@@ -31,16 +31,6 @@ from distronet.node.exitcodes import ExitCode
 
 __all__ = ["add_parser", "run_row"]
 
-MODEL = {
-    "arch": "gpt",
-    "depth": 2,
-    "width": 32,
-    "heads": 4,
-    "context": 64,
-    "seed": 1,
-    "batch": 8,
-    "seq_len": 64,
-}
 UP, DOWN = "2mbit", "10mbit"
 
 
@@ -49,8 +39,14 @@ def run_row(mode: str, nodes: int, warmup: int, steps: int, folder: Path) -> dic
     from distronet.node.bench.nat_probe import connections, control_socket, link_kinds
     from distronet.node.bench.netns import LinkShape
     from distronet.node.bench.netns_nat import Home, NatKind, NatNet
-    from distronet.node.bench.netns_swarm import NetnsSwarm, write_shaped_run
-    from distronet.protocol.identity import Identity
+    from distronet.node.bench.netns_swarm import (
+        SMALL_GPT,
+        SMALL_OPTIMIZER,
+        NetnsSwarm,
+        new_relay,
+        small_exchange,
+        write_shaped_run,
+    )
 
     public = 1 + (nodes if mode == "direct" else 0)
     homes = [] if mode == "direct" else [Home(NatKind.SYMMETRIC, 1)] * nodes
@@ -58,22 +54,13 @@ def run_row(mode: str, nodes: int, warmup: int, steps: int, folder: Path) -> dic
     with NatNet(
         public, homes, LinkShape("20mbit", "50mbit", 20.0), prefix="dnb", public_net="192.0.0.192/27"
     ) as net:
-        (folder / "relay0").mkdir(parents=True)
-        ident = Identity.generate()
-        ident.save(folder / "relay0" / "identity.key")
-        relay = f"/ip4/{net.node_ip(0)}/tcp/4002/p2p/{ident.peer_id_b58}"
+        relay = new_relay(folder, net.node_ip(0), 4002)
         run = write_shaped_run(
             folder,
             "natbench",
-            model=MODEL,
-            optimizer={"preset": "ours_k32", "lr": 3e-3, "chunk": 16, "k": 64},
-            exchange={
-                "round_deadline_s": 0.5,
-                "manifest_grace_s": 0.2,
-                "manifest_wait_s": 1.5,
-                "pull_timeout_s": 10.0,
-                "retention": 32,
-            },
+            model=SMALL_GPT,
+            optimizer=SMALL_OPTIMIZER,
+            exchange=small_exchange(0.5),
             relays=[relay],
         )
         with NetnsSwarm(net, folder, run, "natbench") as swarm:

@@ -30,7 +30,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, Self
 
 from distronet.node.swarm.budget import parse_rate
 from distronet.protocol.errors import DistroError
@@ -38,6 +38,7 @@ from distronet.protocol.errors import DistroError
 __all__ = [
     "CountedNet",
     "LinkShape",
+    "NamespaceNet",
     "NetnsError",
     "ShapedNet",
     "VethSampler",
@@ -104,7 +105,34 @@ class CountedNet(Protocol):
     def counters(self, i: int) -> tuple[int, int]: ...
 
 
-class ShapedNet:
+class NamespaceNet:
+    """What a network built of namespaces has in common: :meth:`setup` builds it,
+    :meth:`remove_leftovers` removes everything under its prefix (a crashed run's too), and as a
+    context manager it is built on entry (removed again when building fails) and removed on exit."""
+
+    def setup(self) -> None:
+        raise NotImplementedError
+
+    def remove_leftovers(self) -> None:
+        raise NotImplementedError
+
+    def teardown(self) -> None:
+        """Remove everything :meth:`setup` built (namespaces take their veths and qdiscs along)."""
+        self.remove_leftovers()
+
+    def __enter__(self) -> Self:
+        try:
+            self.setup()
+        except BaseException:
+            self.teardown()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.teardown()
+
+
+class ShapedNet(NamespaceNet):
     """``n`` namespaces on one bridge with shaped veth links. Use as a context manager.
 
     ``prefix`` (≤ 6 characters, letters/digits) names everything; ``subnet`` is the first three
@@ -204,21 +232,6 @@ class ShapedNet:
             _run(*inside, "ip", "link", "set", "lo", "up")
             self._shape(inside, v, self.link.up)
             self._shape([], h, self.link.down)
-
-    def teardown(self) -> None:
-        """Remove everything :meth:`setup` built (namespaces take their veths and qdiscs along)."""
-        self.remove_leftovers()
-
-    def __enter__(self) -> ShapedNet:
-        try:
-            self.setup()
-        except BaseException:
-            self.teardown()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.teardown()
 
     # ------------------------------------------------------------------ counters
 

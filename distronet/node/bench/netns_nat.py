@@ -53,7 +53,14 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 
-from distronet.node.bench.netns import LinkShape, NetnsError, _run, _tc_bits, missing_requirements
+from distronet.node.bench.netns import (
+    LinkShape,
+    NamespaceNet,
+    NetnsError,
+    _run,
+    _tc_bits,
+    missing_requirements,
+)
 from distronet.node.swarm.budget import parse_rate
 
 __all__ = ["Home", "NatKind", "NatNet", "NatNode", "missing_nat_requirements"]
@@ -119,7 +126,7 @@ def _nat_rules(kind: NatKind) -> str:
     )
 
 
-class NatNet:
+class NatNet(NamespaceNet):
     """``public`` nodes on a public bridge and ``homes`` behind NAT routers. A context manager.
 
     ``prefix`` (≤ 5 characters, letters/digits) names everything; ``public_net`` is the public
@@ -315,21 +322,6 @@ class NatNet:
             self._build_router(h)
         for node in self.nodes:
             self._build_node(node)
-
-    def teardown(self) -> None:
-        """Remove everything :meth:`setup` built (namespaces take their veths and qdiscs along)."""
-        self.remove_leftovers()
-
-    def __enter__(self) -> NatNet:
-        try:
-            self.setup()
-        except BaseException:
-            self.teardown()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.teardown()
 
     # ------------------------------------------------------------------ counters
 

@@ -21,8 +21,51 @@ from typing import Any
 
 from distronet.node.bench.netns import CountedNet
 from distronet.node.demo import LocalSwarm, SwarmFailure, write_run
+from distronet.protocol.identity import Identity
 
-__all__ = ["NetnsSwarm", "SwarmFailure", "write_shaped_run"]
+__all__ = [
+    "SMALL_GPT",
+    "SMALL_OPTIMIZER",
+    "NetnsSwarm",
+    "SwarmFailure",
+    "new_relay",
+    "small_exchange",
+    "write_shaped_run",
+]
+
+# The run the namespace tests and benches train: small enough that the state every node
+# downloads at the start takes a few seconds at a home budget.
+SMALL_GPT: dict[str, Any] = {
+    "arch": "gpt",
+    "depth": 2,
+    "width": 32,
+    "heads": 4,
+    "context": 64,
+    "seed": 1,
+    "batch": 8,
+    "seq_len": 64,
+}
+SMALL_OPTIMIZER: dict[str, Any] = {"preset": "ours_k32", "lr": 3e-3, "chunk": 16, "k": 64}
+
+
+def small_exchange(round_deadline_s: float) -> dict[str, Any]:
+    """The exchange timing of those runs, at ``round_deadline_s``."""
+    return {
+        "round_deadline_s": round_deadline_s,
+        "manifest_grace_s": 0.2,
+        "manifest_wait_s": 1.5,
+        "pull_timeout_s": 10.0,
+        "retention": 32,
+    }
+
+
+def new_relay(folder: Path, ip: str, port: int) -> str:
+    """A fresh relay identity in ``folder/relay0`` (where ``NetnsSwarm.start_relay`` looks for
+    it) and the relay's full multiaddr at ``ip``:``port``, for the run file's ``relays``."""
+    (folder / "relay0").mkdir(parents=True, exist_ok=True)
+    ident = Identity.generate()
+    ident.save(folder / "relay0" / "identity.key")
+    return f"/ip4/{ip}/tcp/{port}/p2p/{ident.peer_id_b58}"
 
 
 def _toml_table(name: str, values: dict[str, Any]) -> str:

@@ -13,6 +13,7 @@ import os
 import socket
 
 from distronet.node.swarm.hivemind_shim import PeerID
+from distronet.node.swarm.reach import is_relayed
 from distronet.protocol.errors import DistroError
 
 __all__ = ["ProbeError", "connections", "control_socket", "link_kinds"]
@@ -103,6 +104,5 @@ def connections(path: str, timeout_s: float = 5.0) -> dict[str, list[str]]:
 def link_kinds(conns: dict[str, list[str]]) -> dict[str, str]:
     """Peer id → ``direct`` (at least one connection not through a relay) or ``relayed``."""
     return {
-        pid: "direct" if any("/p2p-circuit" not in a for a in addrs) else "relayed"
-        for pid, addrs in conns.items()
+        pid: "direct" if not all(is_relayed(a) for a in addrs) else "relayed" for pid, addrs in conns.items()
     }

@@ -76,6 +76,15 @@ async def repair_links(
     if not due:
         return []
     connected = {p.to_base58() for p in await swarm.host.connected_peers()}
+    # members reached only through a relay get the run's gossip from the relay: while a connected
+    # relay is missing from our topics, re-dial it too (its subscriptions come with a new connection)
+    for relay in swarm.host.config.relays:
+        rid = relay.rsplit("/p2p/", 1)[-1]
+        if rid in connected and rid not in in_topic:
+            log.warning("relay %s is connected but not in our gossip topics; re-dialling", rid)
+            with contextlib.suppress(SwarmError):
+                await swarm.host.disconnect(PeerID.from_base58(rid))
+                await swarm.host.connect(relay)
     for peer in due:
         was = peer in connected
         log.warning("peer %s is a member but not in our gossip topics (%s); re-dialling", peer,

@@ -322,15 +322,10 @@ class SwarmHost:
     async def relayed_peers(self) -> set[str]:
         """Peers (base58) we reach only through a relay: every connection's remote address
         holds ``/p2p-circuit``. Raises DaemonError when p2pd does not answer in time."""
-        infos = await with_deadline(self.p2p.list_peers(), self.config.call_timeout_s, "list peers")
         direct: set[str] = set()
         relayed: set[str] = set()
-        for info in infos:
-            pid = info.peer_id.to_base58()
-            if any("/p2p-circuit" in str(a) for a in info.addrs):
-                relayed.add(pid)
-            else:
-                direct.add(pid)
+        for peer, addr in await self.connections():
+            (relayed if "/p2p-circuit" in addr else direct).add(peer)
         return relayed - direct
 
     async def connected_peers(self) -> list[PeerID]:

@@ -13,7 +13,7 @@ Modules (the spec is docs/protocol.md):
 - ``pull``       ``/distronet/pull/1`` (and ``/distronet/state/1``): content by sha256
 - ``manifest_ask`` ``/distronet/manifest/1``: sealed / decided manifests, the newest step
 - ``digest``     ``/distronet/digest/1``: a peer's parameter digest after one step
-- ``state``      ``/distronet/state-manifest/1``: the signed state manifest, its ask and answer
+- ``state``      ``/distronet/state-manifest/2``: a signed state manifest, its ask (a step) and answer
 - ``membership`` the signed membership record a node keeps in the run's DHT
 - ``coordinator_api``  the coordinator's HTTP schemas
 

@@ -1,9 +1,12 @@
-"""The state protocols, version 1: a donor's signed state manifest and its chunks (docs/protocol.md §14.5).
+"""The state protocols: a donor's signed state manifest and its chunks (docs/protocol.md §14.5).
 
-``/distronet/state-manifest/1`` — one request per stream, one answer, then the server closes::
+``/distronet/state-manifest/2`` — one request per stream, one answer, then the server closes::
 
-    request   b"DNS1"                                               4 bytes
+    request   b"DNS2" | u64 at                                      12 bytes
     answer    u8 status | u32 n | n bytes of msgpack manifest       n = 0 unless OFFERED
+
+``at`` names the step of the state wanted (0: the one held now): donors that step apart meet
+at one step, so a quorum of them can agree on one state (``catchup/statesync.py``).
 
 ``/distronet/state/1`` — the chunks, by sha256, on the pull wire (``pull``).
 
@@ -38,7 +41,9 @@ from distronet.protocol.limits import DEFAULT_LIMITS, DEFAULT_STREAM_LIMITS, Lim
 __all__ = [
     "STATE_ANSWER_HEADER_BYTES",
     "STATE_ASK",
+    "STATE_ASK_BYTES",
     "STATE_MANIFEST_PROTOCOL",
+    "STATE_MANIFEST_VERSION",
     "STATE_PULL_PROTOCOL",
     "STATE_STATUS_MEANING",
     "STATE_VERSION",
@@ -47,15 +52,19 @@ __all__ = [
     "decode_state_answer_length",
     "decode_state_ask",
     "encode_state_answer",
+    "encode_state_ask",
     "open_state_manifest",
     "seal_state_manifest",
     "state_signing_bytes",
 ]
 
 STATE_VERSION = 1
-STATE_MANIFEST_PROTOCOL = f"/distronet/state-manifest/{STATE_VERSION}"
+STATE_MANIFEST_VERSION = 2  # 2: the ask names the step wanted (a rendezvous); 1 asked for "now"
+STATE_MANIFEST_PROTOCOL = f"/distronet/state-manifest/{STATE_MANIFEST_VERSION}"
 STATE_PULL_PROTOCOL = f"/distronet/state/{STATE_VERSION}"
-STATE_ASK = b"DNS1"
+STATE_ASK = b"DNS2"  # the ask's magic; a u64 step follows (``encode_state_ask``)
+STATE_ASK_BYTES = len(STATE_ASK) + 8
+MAX_ASK_STEP = 2**63 - 1
 STATE_ANSWER_HEADER_BYTES = 5
 _DOMAIN = b"distronet/state/v1\x00"
 _KEYS = frozenset({"v", "run", "step", "size", "sha", "chunk", "chunks", "peer", "sig"})
@@ -207,12 +216,25 @@ def open_state_manifest(
     return StateManifest(run_id, step, size, m["sha"], chunk, tuple(chunks), peer, sig)
 
 
-def decode_state_ask(data: bytes) -> None:
-    """Check a request. Raises Rejected: TRUNCATED (short), MALFORMED (long, or not ``STATE_ASK``)."""
-    if len(data) < len(STATE_ASK):
+def encode_state_ask(at: int = 0) -> bytes:
+    """The ask for the state at step ``at`` (0: the state the donor holds now). Raises
+    EncodeError for a step outside 0 … 2^63 − 1."""
+    if not 0 <= at <= MAX_ASK_STEP:
+        raise EncodeError(f"state ask for step {at}")
+    return STATE_ASK + struct.pack(">Q", at)
+
+
+def decode_state_ask(data: bytes) -> int:
+    """The step a request asks for (0: now). Raises Rejected: TRUNCATED (short), MALFORMED
+    (long, not ``STATE_ASK``, or a step over 2^63 − 1)."""
+    if len(data) < STATE_ASK_BYTES:
         raise Rejected(RejectCode.TRUNCATED, f"state ask of {len(data)} bytes")
-    if data != STATE_ASK:
+    if len(data) != STATE_ASK_BYTES or data[: len(STATE_ASK)] != STATE_ASK:
         raise Rejected(RejectCode.MALFORMED, "not a state ask")
+    (at,) = struct.unpack(">Q", data[len(STATE_ASK) :])
+    if at > MAX_ASK_STEP:
+        raise Rejected(RejectCode.MALFORMED, f"state ask for step {at}")
+    return int(at)
 
 
 def encode_state_answer(packed: bytes | None, *, limits: StreamLimits = DEFAULT_STREAM_LIMITS) -> bytes:

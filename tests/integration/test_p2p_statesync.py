@@ -8,14 +8,17 @@ import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import pytest_asyncio
 import torch
 
 from distronet.node.catchup.digests import DigestBoard, ask_digest
+from distronet.node.catchup.replica import Replica
 from distronet.node.catchup.state import StateRefused, load_state_blob, state_blob
 from distronet.node.catchup.statesync import (
+    RENDEZVOUS_WAIT_S,
     NoNewerState,
     NoQuorum,
     StateDonor,
@@ -243,3 +246,59 @@ async def test_a_hostile_donor_cannot_make_a_newcomer_adopt_its_state(
     finally:
         await dh.close()
         await hostile.close()
+
+
+def _replica(step: int) -> Replica:
+    trainer = SimpleNamespace(model=_model(4))
+    return Replica(trainer=trainer, optimizer=None, fresh_optimizer=lambda: None, step=step)  # type: ignore[arg-type]
+
+
+async def _advance(replica: Replica) -> None:
+    """One training step of a deterministic stand-in: the parameters at step s are f(s)."""
+    async with replica.lock:
+        with torch.no_grad():
+            for p in replica.model.parameters():
+                p.fill_(float(replica.step + 1))
+        replica.step += 1
+        await replica.boundary()
+
+
+async def test_donors_a_step_apart_meet_at_the_step_asked_for(
+    cluster: tuple[list[Swarm], list[StateDonor]],
+) -> None:
+    """Donor a trains one step behind donor b (they step in turn, so it is always so when asked):
+    asked for the state they hold now they offer two states and no quorum forms; asked for the
+    state at a step ahead of both (the rendezvous), each answers with its state at that step's
+    boundary, the same state, and it is adopted. A step too far past a donor's own is not waited
+    for (a liar's far step cannot hold honest donors)."""
+    (a, b, c), (da, db) = cluster
+    ra, rb = _replica(39), _replica(40)
+    await _advance(ra)  # a: f(40) at step 40
+    await _advance(rb)  # b: f(41) at step 41
+    da.serve_from(lambda: ra.step, ra.snapshot, ra.state_at)
+    db.serve_from(lambda: rb.step, rb.snapshot, rb.state_at)
+    stop = asyncio.Event()
+
+    async def train() -> None:
+        while not stop.is_set():
+            await _advance(ra)
+            await _advance(rb)
+            await asyncio.sleep(0.05)
+
+    trainer = asyncio.ensure_future(train())
+    try:
+        with pytest.raises(NoQuorum, match="has 1 of the 2"):
+            await fetch_state(c, [a.host.peer_id, b.host.peer_id], timeout=30.0)
+        target = rb.step + 3
+        manifest, blob = await fetch_state(c, [a.host.peer_id, b.host.peer_id], timeout=30.0, at=target)
+        assert manifest.step == target
+        mine = _model(5)
+        assert load_state_blob(blob, mine) == target
+        assert all(bool((p == float(target)).all()) for p in mine.parameters())
+        started = time.monotonic()
+        with pytest.raises(NoQuorum):  # far past both: each answers with its state of now
+            await fetch_state(c, [a.host.peer_id, b.host.peer_id], timeout=30.0, at=rb.step + 1000)
+        assert time.monotonic() - started < RENDEZVOUS_WAIT_S
+    finally:
+        stop.set()
+        await trainer

@@ -63,6 +63,7 @@ class Replica:
     step: int = 0
     verify_until: int = -1
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # held while the model changes
+    _wanted: dict[int, list[asyncio.Future[tuple[int, bytes] | None]]] = field(default_factory=dict)
 
     @property
     def model(self) -> nn.Module:
@@ -76,13 +77,52 @@ class Replica:
         self.trainer.optimizer = optimizer
         self.step = step
 
+    async def state_at(self, step: int) -> tuple[int, bytes] | None:
+        """``(step, state blob)`` taken at the boundary where ``step`` is the next step to run:
+        now if the replica rests there, else when :meth:`boundary` reaches it; None when the
+        replica is past it (or moves past without stopping there). What lets donors a step
+        apart offer one state (``statesync.StateDonor``). Cancel to stop waiting."""
+        if self.step > step:
+            return None
+        if self.step == step:
+            async with self.lock:  # held by the step `step` itself: we are past it once it is ours
+                return (step, await self._blob(step)) if self.step == step else None
+        fut: asyncio.Future[tuple[int, bytes] | None] = asyncio.get_running_loop().create_future()
+        waiting = self._wanted.setdefault(step, [])
+        waiting.append(fut)
+        try:
+            return await fut
+        finally:
+            if fut in waiting:
+                waiting.remove(fut)
+            if not waiting and self._wanted.get(step) is waiting:
+                del self._wanted[step]
+
+    async def boundary(self) -> None:
+        """Call with ``lock`` held after moving ``step``: serve the :meth:`state_at` waiters of
+        this step (one copy for all of them) and answer None to those of steps passed."""
+        now = self.step
+        for s in [s for s in self._wanted if s < now]:
+            for fut in self._wanted.pop(s):
+                if not fut.done():
+                    fut.set_result(None)
+        due = [f for f in self._wanted.pop(now, []) if not f.done()]
+        if due:
+            blob = await self._blob(now)
+            for fut in due:
+                if not fut.done():
+                    fut.set_result((now, blob))
+
+    async def _blob(self, step: int) -> bytes:
+        from distronet.node.catchup.state import state_blob  # imports torch (loaded by now)
+
+        return await asyncio.to_thread(state_blob, step, self.model, self.optimizer)
+
     async def snapshot(self) -> tuple[int, bytes]:
         """``(step, state blob)`` of the next step boundary (now, if no step is running): what the
         state donor serves on request. Copies params + replicated optimizer state (the guard's
         history too) once (~10 ms for the default model, in a worker thread); the next step waits
         for that copy."""
-        from distronet.node.catchup.state import state_blob  # imports torch (loaded by now)
-
         async with self.lock:
             step = self.step
-            return step, await asyncio.to_thread(state_blob, step, self.model, self.optimizer)
+            return step, await self._blob(step)

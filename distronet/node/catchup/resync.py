@@ -15,7 +15,8 @@ The whole flow (each box names the module that does it)::
         ├── joining and the swarm at most one step ahead: in step, nothing to do      │
         └── no peer answered, the swarm too far ahead (retention), a round gone       │
                              ▼                                                        ▼
-      fetch the newest state the donors agree on (statesync.fetch_state), load it into a
+      fetch the state the donors agree on (statesync.fetch_state; asked for the state of one
+      step, RENDEZVOUS_AHEAD past the step they vouch for, so donors a step apart meet), load it into a
       fresh optimizer (state.load_state_blob: momentum restarts at zero), offer it as a
       donor in turn (statesync.StateDonor)          [drift: from the winners only, no replay]
                              ▼
@@ -23,7 +24,7 @@ The whole flow (each box names the module that does it)::
       (exchange warm-up); drift-check every step up to ``Replica.verify_until`` (drift.py)
 
 Every peer serves its own state on request (``statesync.StateDonor.serve_from`` with
-``Replica.snapshot``) and answers digest questions (``digests.DigestBoard``, fed by
+``Replica.snapshot`` and ``Replica.state_at``) and answers digest questions (``digests.DigestBoard``, fed by
 :meth:`CatchUp.after_step`). A newcomer tries again while fetching fails (a donor moved on
 mid-download), not when the swarm has nothing newer; a node whose round failed tries until
 ``shutdown_timeout_s`` runs out, then raises :class:`CatchUpError`.
@@ -61,7 +62,14 @@ VERIFY_STEPS = 3  # a node that caught up checks its hash against peers this man
 REPLAY_S = 20.0  # at most this long replaying before a download
 REPLAY_AFTER_S = 10.0  # replaying what the swarm decided during a download
 DRIFT_ADOPT_S = 30.0  # fetching the drift check's winning state
-SWARM_SLACK = 2  # steps a fetched state may be past the step the peers vouch for (they move on)
+RENDEZVOUS_AHEAD = 3
+"""A newcomer asks the donors for their state this many steps past the one a quorum of them
+vouch for (``statesync``'s rendezvous): far enough that a donor a step ahead of the others has
+not passed it by the time the ask arrives, near enough to cost a few steps' wait."""
+SWARM_SLACK = RENDEZVOUS_AHEAD + 2
+"""Steps a fetched state may be past the step the peers vouch for once its offers are in (they
+move on): the rendezvous step always passes (the vouched step does not go back), and so does
+an honest offer of now (a donor's state is a step or two past the step it says it opened)."""
 
 
 class CatchUpError(DistroError):
@@ -197,7 +205,8 @@ class CatchUp:
                 return bool(replayed)
             newer_than = max(newer_than, self.replica.step)  # rounds replayed before it stopped count
         bound = (lambda: self._bound(peers)) if replay else None  # asked once the offers are in
-        got = await self._fetch(donors, newer_than, timeout, max_step, bound)
+        at = await self._meeting_step(peers) if replay else 0
+        got = await self._fetch(donors, newer_than, timeout, max_step, bound, at)
         if got is None or not await self._adopt(got[1]):
             return False
         if replay:  # the swarm moved on during the download
@@ -238,6 +247,14 @@ class CatchUp:
         vouched = await vouched_step(self.core, peers, self.quorum)
         return None if vouched is None else max(vouched, 0) + SWARM_SLACK
 
+    async def _meeting_step(self, peers: list[bytes]) -> int:
+        """The step to ask the donors' state of (``RENDEZVOUS_AHEAD`` past the step a quorum of
+        the admitted peers have opened), or 0 (each donor's state of now) when none answered."""
+        if self.admitted is not None:
+            peers = [p for p in peers if self.admitted(p)]
+        vouched = await vouched_step(self.core, peers, self.quorum)
+        return 0 if vouched is None else max(vouched, 0) + RENDEZVOUS_AHEAD
+
     async def _fetch(
         self,
         donors: Sequence[PeerID],
@@ -245,6 +262,7 @@ class CatchUp:
         timeout: float,
         max_step: int | None,
         bound: Callable[[], Awaitable[int | None]] | None,
+        at: int = 0,
     ) -> tuple[StateManifest, bytes] | None:
         """The manifest and state blob a quorum of the donors agree on if its step is >
         ``newer_than`` (and at most ``max_step`` and ``bound()``, asked after the offers came:
@@ -262,11 +280,12 @@ class CatchUp:
                 admitted=self.admitted,
                 max_step=max_step,
                 bound=bound,
+                at=at,
             )
         except NoNewerState:
             return None
         except (SwarmError, asyncio.TimeoutError) as e:
-            log.info("no state to catch up from: %s", e)
+            log.info("no state to catch up from%s: %s", f" (asked for step {at}'s)" if at else "", e)
             self.failed = True
             return None
         return (manifest, blob) if manifest.step > newer_than else None
@@ -286,5 +305,6 @@ class CatchUp:
                 return False
             log.info("caught up: adopted the swarm's state at step %d (was at %d)", step, self.replica.step)
             self.replica.use(fresh, step)
+            await self.replica.boundary()
         self.donor.offer(step, blob)
         return True

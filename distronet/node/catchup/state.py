@@ -32,8 +32,8 @@ Versions: the magic names the format. ``DNS0`` (until the guard's history travel
 ``guard``; this node refuses such a blob with a ``StateRefused`` that names it (a guard started
 clean would sum peers the swarm has neutralised), and a ``DNS0`` node refuses a ``DNB1`` blob as
 of a bad magic. Either way nothing is loaded and the fetcher retries later: a swarm adopts state
-only among nodes of one format, so upgrade its nodes together. (Not ``DNS1``: that is the
-state-manifest ask, ``protocol/state.py``.)
+only among nodes of one format, so upgrade its nodes together. (Not ``DNS1``/``DNS2``: those are the
+state-manifest asks, ``protocol/state.py``.)
 """
 
 from __future__ import annotations

@@ -13,9 +13,19 @@ spread over those donors (at most ``per_donor`` chunks in flight at each,
 so no donor is overloaded), retrying a failed chunk at another donor. Every chunk is hash-checked
 and, with a ``cache_dir``, written there as soon as it verifies, so a restarted fetch resumes.
 
-Wire: ``distronet.protocol.state`` (docs/protocol.md §14.5): the manifest ask is 4 bytes, its
-answer a status, a length and the signed msgpack manifest; chunks travel on the pull wire under
-``STATE_PULL_PROTOCOL``. Both are served through the swarm's servicer.
+Donors that step at their own pace are rarely at one step when asked, and two honest donors a
+step apart offer two states, neither with a quorum (in a two-donor swarm that can repeat at every
+retry). So the ask names a step, a rendezvous: the newcomer asks for the state at a step a few
+past the one a quorum of the peers vouch for (``resync.RENDEZVOUS_AHEAD``), and each donor
+answers with its state at that boundary: kept, taken now if it rests there, or taken when its
+training reaches it (``Replica.state_at``), within ``RENDEZVOUS_WAIT_S`` and
+``MAX_RENDEZVOUS_STEPS`` steps of its own; else (past it, or asked too far ahead) with the state
+it holds now, as for an ask of step 0.
+
+Wire: ``distronet.protocol.state`` (docs/protocol.md §14.5): the manifest ask is 12 bytes (a
+magic and the step wanted), its answer a status, a length and the signed msgpack manifest;
+chunks travel on the pull wire under ``STATE_PULL_PROTOCOL``. Both are served through the
+swarm's servicer.
 """
 
 from __future__ import annotations
@@ -41,13 +51,14 @@ from distronet.protocol.identity import Identity, peer_id_to_b58
 from distronet.protocol.limits import DEFAULT_STREAM_LIMITS
 from distronet.protocol.state import (
     STATE_ANSWER_HEADER_BYTES,
-    STATE_ASK,
+    STATE_ASK_BYTES,
     STATE_MANIFEST_PROTOCOL,
     STATE_PULL_PROTOCOL,
     StateManifest,
     decode_state_answer_length,
     decode_state_ask,
     encode_state_answer,
+    encode_state_ask,
     open_state_manifest,
     seal_state_manifest,
 )
@@ -55,6 +66,8 @@ from distronet.protocol.state import (
 __all__ = [
     "MAX_CHUNKS",
     "MAX_MANIFEST_BYTES",
+    "MAX_RENDEZVOUS_STEPS",
+    "RENDEZVOUS_WAIT_S",
     "STATE_MANIFEST_PROTOCOL",
     "STATE_PULL_PROTOCOL",
     "NoNewerState",
@@ -70,9 +83,14 @@ __all__ = [
 MAX_MANIFEST_BYTES = DEFAULT_STREAM_LIMITS.max_state_manifest_bytes
 MAX_CHUNKS = DEFAULT_STREAM_LIMITS.max_state_chunks
 _SERVE_TIMEOUT_S = 10.0
+RENDEZVOUS_WAIT_S = 5.0  # the longest a donor waits for its training to reach a step asked for
+MAX_RENDEZVOUS_STEPS = 8  # the furthest past its own step a donor waits for (a liar's far step is not)
 Progress = Callable[[int, int], None]
 Snapshot = Callable[[], Awaitable[tuple[int, bytes]]]
 """``await snapshot()`` -> ``(step, blob)``: the owner's state at one consistent moment."""
+SnapshotAt = Callable[[int], Awaitable[tuple[int, bytes] | None]]
+"""``await at(step)`` -> ``(step, blob)`` at that step's boundary, or None once past it
+(``Replica.state_at``)."""
 
 
 Admitted = Callable[[bytes], bool]
@@ -126,8 +144,11 @@ class StateDonor:
         self._manifest: bytes | None = None
         self._current: StateManifest | None = None
         self._installed: list[int] = []  # steps of the offers whose chunks are in the store, oldest first
+        self._kept: dict[int, bytes] = {}  # the packed manifests of those offers, by step
         self._source: tuple[Callable[[], int], Snapshot] | None = None
+        self._at: SnapshotAt | None = None
         self._building: asyncio.Future[None] | None = None
+        self._meeting: dict[int, asyncio.Future[None]] = {}  # rendezvous builds, by step
         self.built = 0  # states snapshotted on request, serialised and hashed (tests, metrics)
         self.servicer = StreamServicer(swarm.host)
 
@@ -141,10 +162,10 @@ class StateDonor:
         return self
 
     def route(self) -> StreamRoute:
-        """``STATE_MANIFEST_PROTOCOL``: one 4-byte ask a stream; building the offer may take
+        """``STATE_MANIFEST_PROTOCOL``: one 12-byte ask a stream; building the offer may take
         ``_SERVE_TIMEOUT_S``, sending the manifest as long again."""
         return StreamRoute(
-            STATE_MANIFEST_PROTOCOL, len(STATE_ASK), self._answer, _SERVE_TIMEOUT_S, 3 * _SERVE_TIMEOUT_S
+            STATE_MANIFEST_PROTOCOL, STATE_ASK_BYTES, self._answer, _SERVE_TIMEOUT_S, 3 * _SERVE_TIMEOUT_S
         )
 
     def offer(self, step: int, blob: bytes, *, chunk_bytes: int | None = None) -> StateManifest:
@@ -152,15 +173,18 @@ class StateDonor:
         ``keep`` offers stay servable, so a newcomer that read the manifest just before this call
         can still fetch it (memory: up to ``keep`` states). Raises ValueError for an empty blob."""
         ident: Identity = self.swarm.identity
-        return self._install(_prepare(ident, self.swarm.run_id, step, blob, chunk_bytes or self.chunk_bytes))
+        prepared = _prepare(ident, self.swarm.run_id, step, blob, chunk_bytes or self.chunk_bytes)
+        return self._install(prepared, now=True)
 
-    def serve_from(self, step: Callable[[], int], snapshot: Snapshot) -> None:
+    def serve_from(self, step: Callable[[], int], snapshot: Snapshot, at: SnapshotAt | None = None) -> None:
         """Offer the owner's state on request from now on. ``step()`` is the step of the state the
         owner holds now (cheap, called per request); ``await snapshot()`` returns ``(step, blob)``
         of a consistent moment (e.g. the next step boundary). A request finds the offer current
         when its step equals ``step()``; else the first one snapshots, hashes (worker thread)
-        and signs, and concurrent requests share that build. Cost when nobody asks: none."""
-        self._source = (step, snapshot)
+        and signs, and concurrent requests share that build. ``at``: the state at a given
+        step's boundary (``Replica.state_at``), for the asks that name one (module doc); without
+        it they are answered as asks for now. Cost when nobody asks: none."""
+        self._source, self._at = (step, snapshot), at
 
     async def current(self) -> StateManifest | None:
         """The manifest of the newest state offered (with a source whose step moved past the
@@ -183,20 +207,58 @@ class StateDonor:
             self._install(prepared)
             self.built += 1
 
-    def _install(self, prepared: _Prepared) -> StateManifest:
+    async def at(self, step: int) -> bytes | None:
+        """The packed manifest of our state at ``step`` (module doc: the rendezvous), or None
+        when we cannot offer that step (past it and not kept, too far ahead, not reached in
+        ``RENDEZVOUS_WAIT_S``, or no ``at`` source). Concurrent asks share one build."""
+        if step in self._kept:
+            return self._kept[step]
+        if self._at is None or self._source is None:
+            return None
+        if not 0 <= step - self._source[0]() <= MAX_RENDEZVOUS_STEPS:
+            return None
+        if step not in self._meeting:
+            self._meeting[step] = asyncio.ensure_future(self._build_at(self._at, step))
+            self._meeting[step].add_done_callback(_retrieve)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._meeting[step]), RENDEZVOUS_WAIT_S)
+        return self._kept.get(step)
+
+    async def _build_at(self, at: SnapshotAt, step: int) -> None:
+        try:
+            got = await asyncio.wait_for(at(step), RENDEZVOUS_WAIT_S)
+            if got is None:
+                return
+            ident: Identity = self.swarm.identity
+            prepared = await asyncio.to_thread(_prepare, ident, self.swarm.run_id, *got, self.chunk_bytes)
+            self._install(prepared)
+            self.built += 1
+        finally:
+            self._meeting.pop(step, None)
+
+    def _install(self, prepared: _Prepared, *, now: bool = False) -> StateManifest:
+        """Serve ``prepared``: as the offer of now when ``now`` or no later step's offer is in;
+        the ``keep`` newest offers (and the one of now) stay servable."""
         step, store = prepared.manifest.step, self.puller.store
-        older = [s for s in self._installed if s != step]
-        self._installed = [*(older[-(self.keep - 1) :] if self.keep > 1 else []), step]
+        steps = sorted({*self._installed, step})
+        self._installed = sorted({*steps[-self.keep :], step}) if now else steps[-self.keep :]
         store.evict_before(min(self._installed))
-        for digest, data in prepared.parts:
-            store.put(data, step, digest=digest)
-        self._manifest, self._current = prepared.packed, prepared.manifest
+        self._kept = {s: m for s, m in self._kept.items() if s in self._installed}
+        if step in self._installed:
+            for digest, data in prepared.parts:
+                store.put(data, step, digest=digest)
+            self._kept[step] = prepared.packed
+        if now or self._current is None or self._current.step <= step:
+            self._manifest, self._current = prepared.packed, prepared.manifest
         return prepared.manifest
 
     async def _answer(self, call: StreamCall) -> bytes:
-        """The manifest offered now, or none. Raises Rejected for a request that is no ask."""
-        decode_state_ask(call.request)
+        """The manifest of the state at the step asked for, else of the one offered now, or
+        none. Raises Rejected for a request that is no ask."""
+        step = decode_state_ask(call.request)
         with contextlib.suppress(Exception):  # a snapshot that cannot be built: offer none
+            if step and (packed := await self.at(step)) is not None:
+                return encode_state_answer(packed)
             await asyncio.wait_for(self.current(), _SERVE_TIMEOUT_S)
         return encode_state_answer(self._manifest)
 
@@ -205,9 +267,10 @@ class StateDonor:
         await self.servicer.close()
 
 
-async def ask_manifest(swarm: Swarm, donor: PeerID, timeout: float) -> StateManifest | None:
-    """The signed state manifest ``donor`` offers now, or None when it offers none, does not
-    answer within ``timeout`` seconds, or answers with one that does not verify."""
+async def ask_manifest(swarm: Swarm, donor: PeerID, timeout: float, *, at: int = 0) -> StateManifest | None:
+    """The signed state manifest ``donor`` offers for step ``at`` (0: now; module doc), or None
+    when it offers none, does not answer within ``timeout`` seconds, or answers with one that
+    does not verify."""
 
     async def read(reader: asyncio.StreamReader) -> StateManifest | None:
         n = decode_state_answer_length(await reader.readexactly(STATE_ANSWER_HEADER_BYTES))
@@ -217,7 +280,8 @@ async def ask_manifest(swarm: Swarm, donor: PeerID, timeout: float) -> StateMani
         return open_state_manifest(data, run_id=swarm.run_id, sender=donor.to_bytes())
 
     try:
-        return await ask(swarm.host.control_path, donor, STATE_MANIFEST_PROTOCOL, STATE_ASK, read, timeout)
+        ask_bytes = encode_state_ask(at)
+        return await ask(swarm.host.control_path, donor, STATE_MANIFEST_PROTOCOL, ask_bytes, read, timeout)
     except (StreamError, ProtocolError):  # late, unreachable, no handler, or a bad manifest
         return None
 
@@ -236,6 +300,7 @@ async def fetch_state(
     admitted: Admitted | None = None,
     max_step: int | None = None,
     bound: Callable[[], Awaitable[int | None]] | None = None,
+    at: int = 0,
 ) -> tuple[StateManifest, bytes]:
     """Fetch the state a quorum of the ``donors`` agree on (:func:`choose_root`); returns its
     manifest and the blob.
@@ -245,8 +310,10 @@ async def fetch_state(
     is known to have reached) does not count, nor one past what ``bound()`` returns (None: no
     bound) when awaited *after* the offers came: the steps the peers vouch for then, so an
     honest donor's offer is never past it however fast the swarm steps, and a liar's far step
-    is. With ``newer_than``, only the manifests are asked for when the agreed state is not above
-    it (``NoNewerState``): nothing is downloaded for a state the caller would not adopt.
+    is. ``at``: the step whose state the donors are asked for (the rendezvous, module doc; 0:
+    the state each holds now). With ``newer_than``, only the manifests are asked for when the
+    agreed state is not above it (``NoNewerState``): nothing is downloaded for a state the
+    caller would not adopt.
 
     Raises: NoNewerState, NoQuorum (no root has a quorum: retry later), PullError (no donor
     offers a state, or a chunk no donor could deliver), PullTimeout (``timeout`` passed;
@@ -256,7 +323,7 @@ async def fetch_state(
     unique = list({d.to_bytes(): d for d in donors}.values())  # one vote per peer id
     if admitted is not None:
         unique = [d for d in unique if admitted(d.to_bytes())]
-    asked = await asyncio.gather(*(ask_manifest(swarm, d, min(30.0, timeout)) for d in unique))
+    asked = await asyncio.gather(*(ask_manifest(swarm, d, min(30.0, timeout), at=at) for d in unique))
     offers = [m for m in asked if m is not None and m.size <= max_size]
     if not offers:
         raise PullError(f"none of {len(donors)} donor(s) offered a state")
@@ -331,11 +398,14 @@ def choose_root(
     by_peer = {m.peer_id: m for m in offers if max_step is None or m.step <= max_step}
     votes = Counter(m.root for m in by_peer.values())
     if not votes:
-        raise NoQuorum(f"none of {len(offers)} state offer(s) is at or below step {max_step}")
+        steps = sorted(m.step for m in offers)
+        raise NoQuorum(f"none of {len(offers)} state offer(s) (steps {steps}) is at or below step {max_step}")
     root = min(votes, key=lambda r: (-votes[r], -r[0], r[1]))
     if votes[root] < max(1, quorum):
+        seen = ", ".join(f"{step}:{sha.hex()[:8]} x{n}" for (step, sha), n in sorted(votes.items()))
         raise NoQuorum(
             f"the best-backed state (step {root[0]}) has {votes[root]} of the {max(1, quorum)} donors needed"
+            f" (offers by step:sha256: {seen})"
         )
     return next(m for m in by_peer.values() if m.root == root)
 

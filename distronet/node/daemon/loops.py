@@ -376,6 +376,7 @@ async def train(parts: LoopParts) -> None:
                     done = await _one_step(parts)
                     if done is not None:
                         replica.step = done[0].step + 1
+                        await replica.boundary()  # a donor's snapshot asked for this step (rendezvous)
             except PeerDead:
                 break
             except ExchangeError as e:

@@ -348,7 +348,7 @@ class Node:
         # The starting state is offered now (a peer that starts beside us must see step 0, not
         # the state after our first step); later ones are snapshotted when a peer asks.
         self.donor.offer(*await replica.snapshot())
-        self.donor.serve_from(lambda: replica.step, replica.snapshot)
+        self.donor.serve_from(lambda: replica.step, replica.snapshot, replica.state_at)
         up, down = self.swarm.bandwidth.up.rate, self.swarm.bandwidth.down.rate
         status.up_budget, status.down_budget = up, down
         metrics.set_budget(up, down)

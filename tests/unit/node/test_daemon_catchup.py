@@ -59,6 +59,7 @@ class _Net:
     replayed: list[tuple[set[bytes], float]] = field(default_factory=list)
     fetched: list[tuple[set[bytes], int]] = field(default_factory=list)
     bounds: list[int | None] = field(default_factory=list)  # what ``bound()`` gave, once offers came
+    ats: list[int] = field(default_factory=list)  # the step each fetch asked the donors' state of
 
 
 def _catch_up(monkeypatch: pytest.MonkeyPatch, net: _Net, step: int = 0) -> tuple[CatchUp, Replica, Any]:
@@ -82,9 +83,10 @@ def _catch_up(monkeypatch: pytest.MonkeyPatch, net: _Net, step: int = 0) -> tupl
         return got
 
     async def fetch_state(
-        _swarm: Any, donors: list[Any], *, newer_than: int, bound: Any = None, **_: Any
+        _swarm: Any, donors: list[Any], *, newer_than: int, bound: Any = None, at: int = 0, **_: Any
     ) -> tuple[Any, bytes]:
         net.fetched.append(({d.name for d in donors}, newer_than))  # the offers are in ...
+        net.ats.append(at)
         if bound is not None:
             net.bounds.append(await bound())  # ... then the bound is asked
         if isinstance(net.fetch, Exception):
@@ -159,7 +161,9 @@ async def test_the_step_bound_is_asked_after_the_offers_so_a_fast_swarm_is_not_o
 ) -> None:
     """CI saw a newcomer never join: it asked the peers' steps (34), then the offers (37, the
     swarm steps ~7 a second) were past the bound 34 + SWARM_SLACK, again and again. The bound is
-    now asked once the offers are in; a drift repair (donors given) has none."""
+    now asked once the offers are in; a drift repair (donors given) has none. The peers' steps
+    are also asked before the fetch: the donors are asked for their state RENDEZVOUS_AHEAD past
+    the vouched step (a drift repair asks the winners' state of now)."""
     net = _Net([None, Replayed(first=40, rounds=0, swarm_step=40)], fetch=40)
     cu, _, _ = _catch_up(monkeypatch, net, step=3)
     asked: list[int] = []
@@ -170,9 +174,11 @@ async def test_the_step_bound_is_asked_after_the_offers_so_a_fast_swarm_is_not_o
 
     monkeypatch.setattr(resync, "vouched_step", vouched)
     assert await cu.catch_up(newer_than=3, timeout=30.0)
-    assert asked == [1] and net.bounds == [39 + resync.SWARM_SLACK]
+    assert asked == [0, 1] and net.bounds == [39 + resync.SWARM_SLACK]
+    assert net.ats == [39 + resync.RENDEZVOUS_AHEAD]
     assert await cu.catch_up(newer_than=8, timeout=30.0, donors=[B])
     assert net.bounds == [39 + resync.SWARM_SLACK]  # no bound for the drift check's winners
+    assert net.ats == [39 + resync.RENDEZVOUS_AHEAD, 0]
 
 
 async def test_drift_repair_fetches_from_the_winners_only_and_never_replays(

@@ -21,6 +21,7 @@ from distronet.protocol.state import (
     decode_state_answer_length,
     decode_state_ask,
     encode_state_answer,
+    encode_state_ask,
     open_state_manifest,
     seal_state_manifest,
     state_signing_bytes,
@@ -120,11 +121,22 @@ def test_size_and_count_limits_are_checked_before_decoding() -> None:
 
 
 def test_the_ask_and_its_answer_header() -> None:
-    decode_state_ask(STATE_ASK)
-    for bad, code in ((b"DNS", RejectCode.TRUNCATED), (b"DNS2", RejectCode.MALFORMED)):
+    assert decode_state_ask(encode_state_ask()) == 0 and encode_state_ask() == STATE_ASK + bytes(8)
+    assert decode_state_ask(encode_state_ask(2**63 - 1)) == 2**63 - 1
+    assert encode_state_ask(300) == b"DNS2" + (300).to_bytes(8, "big")
+    for bad, code in (
+        (b"DNS2", RejectCode.TRUNCATED),
+        (STATE_ASK + bytes(7), RejectCode.TRUNCATED),
+        (b"DNS1" + bytes(8), RejectCode.MALFORMED),  # version 1's ask (it had no step)
+        (STATE_ASK + bytes(9), RejectCode.MALFORMED),
+        (STATE_ASK + (2**63).to_bytes(8, "big"), RejectCode.MALFORMED),
+    ):
         with pytest.raises(Rejected) as e:
             decode_state_ask(bad)
         assert e.value.code == code
+    for step in (-1, 2**63):
+        with pytest.raises(EncodeError):
+            encode_state_ask(step)
     assert encode_state_answer(None) == b"\x01" + bytes(4)
     assert decode_state_answer_length(encode_state_answer(None)) is None
     answer = encode_state_answer(b"manifest")

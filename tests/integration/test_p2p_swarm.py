@@ -101,6 +101,9 @@ async def test_three_nodes_form_a_mesh_and_see_each_others_membership(nodes: lis
     assert any(m.endswith(nodes[0].identity.peer_id_b58) for m in member.maddrs)
     assert member.expires_at > time.time()
     assert set(await nodes[1].host.connected_peers()) >= {nodes[0].host.peer_id}
+    links = await nodes[1].host.connections()  # p2pd's LIST_PEERS, read by our own control request
+    assert any(p == nodes[0].host.peer_id_b58 and a.startswith("/ip4/127.0.0.1/") for p, a in links)
+    assert await nodes[1].host.relayed_peers() == set()  # loopback links, none through a relay
 
 
 async def test_announcement_from_one_node_reaches_the_others(nodes: list[Swarm]) -> None:

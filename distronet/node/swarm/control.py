@@ -1,8 +1,11 @@
-"""p2pd control-socket framing (varint-length-delimited protobuf) and a leak-free stream open.
+"""p2pd control-socket framing (varint-length-delimited protobuf), a leak-free stream open and
+leak-free one-shot requests.
 
 hivemind's ``ControlClient.stream_open`` leaves its socket open when the daemon refuses the
-stream (peer unreachable, no handler), which surfaces later as an unraisable error from
-``StreamWriter.__del__``; :func:`open_stream` closes it on every failure path.
+stream (peer unreachable, no handler), and its ``connect``, ``disconnect`` and ``list_peers``
+leave theirs open when the answer does not come (cancelled by a deadline, p2pd gone); each
+surfaces later, in whatever test or task the collector runs in, as an unraisable error from
+``StreamWriter.__del__``. :func:`open_stream` and :func:`request` close the socket on every path.
 """
 
 from __future__ import annotations
@@ -15,9 +18,19 @@ from hivemind.proto import p2pd_pb2 as pb
 
 from distronet.node.swarm.errors import DaemonError
 
-__all__ = ["MAX_CONTROL_FRAME", "open_stream", "peer_id", "read_delimited", "write_delimited", "write_stream"]
+__all__ = [
+    "MAX_CONTROL_FRAME",
+    "MAX_LIST_FRAME",
+    "open_stream",
+    "peer_id",
+    "read_delimited",
+    "request",
+    "write_delimited",
+    "write_stream",
+]
 
 MAX_CONTROL_FRAME = 64 * 1024
+MAX_LIST_FRAME = 4 * 2**20  # a LIST_PEERS answer: ~100 bytes a connection
 _MAX_VARINT_BYTES = 10
 _PEER_IDS: dict[bytes, PeerID] = {}
 _MAX_PEER_IDS = 4096
@@ -105,3 +118,35 @@ async def open_stream(
         writer.close()
         raise
     return reader, writer
+
+
+async def request(
+    control_path: str, req: pb.Request, timeout: float, *, limit: int = MAX_CONTROL_FRAME
+) -> pb.Response:
+    """Send ``req`` on a new control connection and read its response (at most ``limit``
+    bytes), all within ``timeout`` seconds; the connection is closed on every path.
+
+    Raises DaemonError: p2pd refused (an ``ERROR`` response, its message), did not answer in
+    time, or is unreachable.
+    """
+
+    async def exchange() -> pb.Response:
+        reader, writer = await asyncio.open_unix_connection(control_path)
+        try:
+            await write_delimited(writer, req)
+            resp = pb.Response()
+            await read_delimited(reader, resp, limit)
+            return resp
+        finally:
+            writer.close()
+
+    what = pb.Request.Type.Name(req.type)
+    try:
+        resp = await asyncio.wait_for(exchange(), timeout)
+    except asyncio.TimeoutError:
+        raise DaemonError(f"p2pd did not answer {what} within {timeout:.1f} s") from None
+    except (OSError, asyncio.IncompleteReadError) as e:
+        raise DaemonError(f"p2pd control connection failed during {what}: {e!r}") from e
+    if resp.type == pb.Response.ERROR:
+        raise DaemonError(f"p2pd refused {what}: {resp.error.msg}")
+    return resp

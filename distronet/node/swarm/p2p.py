@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from hivemind.p2p import P2P, PeerID
+from hivemind.proto import p2pd_pb2 as pb
 from hivemind.utils.multiaddr import Multiaddr
 
+from distronet.node.swarm import control
 from distronet.node.swarm.errors import DaemonError
 from distronet.protocol.errors import ConfigError
 
@@ -298,20 +300,20 @@ class SwarmHost:
         m = Multiaddr(maddr)
         peer = PeerID.from_base58(m["p2p"])
         bare = m.decapsulate(Multiaddr(f"/p2p/{m['p2p']}"))
+        req = pb.Request(
+            type=pb.Request.CONNECT, connect=pb.ConnectRequest(peer=peer.to_bytes(), addrs=[bare.to_bytes()])
+        )
         try:
-            await with_deadline(self.p2p._client.connect(peer, [bare]), self.config.call_timeout_s, "connect")
-        except DaemonError:
-            raise
-        except Exception as e:
+            await control.request(self.control_path, req, self.config.call_timeout_s)
+        except DaemonError as e:
             raise DaemonError(f"cannot connect to {maddr}: {e}") from e
 
     async def disconnect(self, peer: PeerID) -> None:
         """Close our connections to ``peer``. Raises DaemonError when p2pd fails or runs late."""
+        req = pb.Request(type=pb.Request.DISCONNECT, disconnect=pb.DisconnectRequest(peer=peer.to_bytes()))
         try:
-            await with_deadline(self.p2p._client.disconnect(peer), self.config.call_timeout_s, "disconnect")
-        except DaemonError:
-            raise
-        except Exception as e:
+            await control.request(self.control_path, req, self.config.call_timeout_s)
+        except DaemonError as e:
             raise DaemonError(f"cannot disconnect {peer.to_base58()}: {e}") from e
 
     @functools.cached_property
@@ -328,18 +330,24 @@ class SwarmHost:
             (relayed if "/p2p-circuit" in addr else direct).add(peer)
         return relayed - direct
 
+    async def _list_peers(self) -> list[Any]:
+        """p2pd's ``LIST_PEERS``: one ``PeerInfo`` message a connected peer. Raises DaemonError."""
+        req = pb.Request(type=pb.Request.LIST_PEERS)
+        resp = await control.request(
+            self.control_path, req, self.config.call_timeout_s, limit=control.MAX_LIST_FRAME
+        )
+        return list(resp.peers)
+
     async def connected_peers(self) -> list[PeerID]:
-        infos = await with_deadline(self.p2p.list_peers(), self.config.call_timeout_s, "list peers")
-        return [info.peer_id for info in infos]
+        return [control.peer_id(info.id) for info in await self._list_peers()]
 
     async def connections(self, limit: int = 4096) -> list[tuple[str, str]]:
         """Our open connections as ``(peer id, remote multiaddr)``, one per connection (p2pd's
         ``LIST_PEERS``), at most ``limit``. Raises DaemonError when p2pd does not answer in time."""
-        infos = await with_deadline(self.p2p.list_peers(), self.config.call_timeout_s, "list peers")
         out: list[tuple[str, str]] = []
-        for info in infos[:limit]:
-            peer = str(info.peer_id.to_base58())
-            out.extend((peer, str(a)) for a in info.addrs[:4])  # p2pd sends one address per connection
+        for info in (await self._list_peers())[:limit]:
+            peer = control.peer_id(info.id).to_base58()
+            out.extend((peer, str(Multiaddr(a))) for a in info.addrs[:4])  # one address a connection
         return out
 
     async def close(self) -> None:

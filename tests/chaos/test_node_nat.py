@@ -18,8 +18,11 @@ Steps and verdicts:
    node's accepted set (past its warm-up) within ``NEWCOMER_S`` of its ``Popen``; every node's
    accepted sets hold packets of the other home's nodes (pulled through the relay);
 3. each pair's connection, asked of the nodes' p2pd (``LIST_PEERS``; a remote address with
-   ``/p2p-circuit`` is relayed): every pair is connected; nodes of different homes through the
-   relay (neither router lets a connection in, and hole punching cannot beat a symmetric NAT);
+   ``/p2p-circuit`` is relayed) once the newcomer is in and again after step 100, until every
+   pair has been seen connected (a relayed connection may be between circuits at one instant:
+   a circuit ends at the relay's ``--circuit-s`` / ``--circuit-bytes`` limits and the link repair
+   dials it again); nodes of different homes only through the relay (neither router lets a
+   connection in, and hole punching cannot beat a symmetric NAT);
    nodes of one home directly or through the relay — whichever dial won first: go-libp2p moves
    a relayed connection to a direct one only towards public addresses, and LAN addresses are
    not (docs/decisions/nat-traversal.md); printed as a table;
@@ -31,6 +34,7 @@ Steps and verdicts:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import time
@@ -82,6 +86,19 @@ def newcomer_accepted(swarm: NetnsSwarm, new: int, others: list[int], peer: str)
     )
 
 
+def snapshot_kinds(
+    swarm: NetnsSwarm, everyone: list[int], peers: dict[int, str], seen: dict[tuple[int, int], set[str]]
+) -> bool:
+    """Add each pair's connection kinds now (either side's p2pd) to ``seen``; True when every pair
+    has been seen connected at least once."""
+    kinds = {i: link_kinds(connections(control_socket(swarm.nodes[i].pid))) for i in everyone}
+    for a, b in itertools.combinations(everyone, 2):
+        for kind in (kinds[a].get(peers[b]), kinds[b].get(peers[a])):
+            if kind is not None:
+                seen.setdefault((a, b), set()).add(kind)
+    return all(seen.get(pair) for pair in itertools.combinations(everyone, 2))
+
+
 @pytest.mark.skipif(WHY_NOT is not None and not os.environ.get("CI"), reason=WHY_NOT or "")
 def test_nodes_behind_nat_train_through_a_relay(tmp_path: Path) -> None:
     assert WHY_NOT is None, f"CI must run the NAT tests: {WHY_NOT}"
@@ -121,23 +138,27 @@ def test_nodes_behind_nat_train_through_a_relay(tmp_path: Path) -> None:
             except SwarmFailure as e:
                 raise SwarmFailure(f"{e}; the newcomer's log:\n{swarm.log_tail(new)}") from e
             newcomer_s = time.monotonic() - started
-            swarm.wait_steps(first, STEPS, timeout=240.0)
             everyone = [*first, new]
-            step, digests = wait_identical(swarm, everyone, STEPS, 60.0)
             peers = {i: swarm.status(i)["peer_id"] for i in everyone}
-            kinds = {i: link_kinds(connections(control_socket(swarm.nodes[i].pid))) for i in everyone}
+            seen: dict[tuple[int, int], set[str]] = {}
+            snapshot_kinds(swarm, everyone, peers, seen)
+            swarm.wait_steps(first, STEPS, timeout=240.0)
+            step, digests = wait_identical(swarm, everyone, STEPS, 60.0)
+            with contextlib.suppress(SwarmFailure):  # a pair never seen fails below, with the table
+                wait_until(lambda: snapshot_kinds(swarm, everyone, peers, seen), 30.0, "every pair connected")
             codes = swarm.stop_all()
             statuses = {i: swarm.status(i) for i in everyone}
 
     home_of = {i: net.nodes[swarm.where[i]].home for i in everyone}
     table, wrong = [], []
     for a, b in itertools.combinations(everyone, 2):
-        kind = kinds[a].get(peers[b]) or kinds[b].get(peers[a]) or "none"
+        kinds = seen.get((a, b), set())
+        kind = "+".join(sorted(kinds)) or "none"
         # across homes only a circuit can carry it; on one LAN either can (module doc, step 3)
-        want = ("direct", "relayed") if home_of[a] == home_of[b] else ("relayed",)
+        want = {"direct", "relayed"} if home_of[a] == home_of[b] else {"relayed"}
         table.append(f"node{a} (home {home_of[a]}) - node{b} (home {home_of[b]}): {kind}")
-        if kind not in want:
-            wrong.append(f"node{a}-node{b}: {kind}, expected {' or '.join(want)}")
+        if not kinds or not kinds <= want:
+            wrong.append(f"node{a}-node{b}: {kind}, expected {' or '.join(sorted(want))}")
     budgets = {"up": parse_rate(UP), "down": parse_rate(DOWN)}
     report, worst = [], 0.0
     for i in everyone:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -35,6 +36,7 @@ __all__ = [
     "dct_basis",
     "dct_chunks",
     "dct_spatial",
+    "forward_chunks",
     "forward_spatial",
     "idct_chunks",
     "idct_spatial",
@@ -106,6 +108,49 @@ def forward_spatial(x: torch.Tensor, layout: ChunkLayout, *, into_scratch: bool 
     # Row transform: D_r @ (br, Cp) slab per block row, one batched GEMM.
     y = scratch(1, (layout.batch * gr, br, cp), x.dtype, x.device) if into_scratch else None
     return torch.matmul(bases[0], z.view(layout.batch * gr, br, cp), out=y).view(layout.batch, rp, cp)
+
+
+def _into_chunks(x: torch.Tensor, layout: ChunkLayout, out: torch.Tensor) -> None:
+    """Copy a rank >= 2 tensor's blocks (zero-padded) into ``out`` ``(n_chunks, br, bc)``, chunk order."""
+    (gr, gc), (br, bc) = layout.grid, layout.block
+    (r, c), (rp, cp) = layout.core, layout.padded
+    x3 = x.reshape(layout.batch, r, c)
+    if layout.is_padded:
+        x3 = F.pad(x3, (0, cp - c, 0, rp - r))
+    out.view(layout.batch, gr, gc, br, bc).copy_(x3.view(layout.batch, gr, br, gc, bc).permute(0, 1, 3, 2, 4))
+
+
+def forward_chunks(xs: Sequence[torch.Tensor], layouts: Sequence[ChunkLayout]) -> torch.Tensor:
+    """DCT of every chunk of the rank >= 2 tensors ``xs`` (``layouts[i].shape``, all of one block
+    shape ``(br, bc)``), stacked in chunk order: ``(sum of n_chunks, br, bc)``, tensor after tensor.
+
+    One permuted copy of each tensor into a chunk-order buffer, then one product for the columns
+    of every chunk (``X_n D_c^T``) and one batched product for the rows (``D_r (X_n D_c^T)``), so
+    the coefficients come out where a selection reads them chunk by chunk, contiguously (a
+    spatial-order buffer, :func:`forward_spatial`, strides each chunk's rows across the tensor).
+    The result lives in scratch slot 1 (internal use: valid until the next call on this thread).
+
+    Raises:
+        KernelError: a tensor does not have its layout's shape, is not floating, or the layouts'
+            blocks differ or are not 2-D.
+    """
+    if not xs or len(xs) != len(layouts):
+        raise KernelError(f"{len(xs)} tensors for {len(layouts)} layouts")
+    block = layouts[0].block
+    if len(block) != 2 or any(lay.block != block for lay in layouts):
+        raise KernelError(f"forward_chunks needs one 2-D block shape, got {[lay.block for lay in layouts]}")
+    dt, dev = work_dtype(xs[0].dtype), xs[0].device
+    br, bc = block
+    n = sum(lay.n_chunks for lay in layouts)
+    buf = scratch(1, (n, br, bc), dt, dev)
+    row = 0
+    for x, lay in zip(xs, layouts, strict=True):
+        _check_shape(x, lay.shape, "tensor")
+        _into_chunks(x.detach().to(dt), lay, buf[row : row + lay.n_chunks])
+        row += lay.n_chunks
+    z = scratch(2, (n, br, bc), dt, dev)
+    torch.mm(buf.view(n * br, bc), dct_basis(bc, dt, dev).T, out=z.view(n * br, bc))
+    return torch.matmul(dct_basis(br, dt, dev), z, out=buf)
 
 
 def dct_spatial(x: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:

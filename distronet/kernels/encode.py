@@ -5,8 +5,9 @@ fixed costs paid once per block shape, as :func:`decode_plan.invert` does on the
 tensors of at most :data:`~distronet.kernels.decode_plan.SMALL_COEFFICIENTS` coefficients are
 copied, chunk by chunk, into ONE chunk-order buffer per ``(block shape, k)`` (one permuted copy
 each), transformed there by one pair of matrix products (``C_n = D_r X_n D_c^T`` for every chunk
-``n``) and selected by one ``topk_chunks``; larger tensors keep the two-GEMM spatial transform
-and the fused selection of :func:`~distronet.kernels.topk.dct_topk`. The result is a list of
+``n``, :func:`~distronet.kernels.dct.forward_chunks`) and selected by one ``topk_chunks``; larger
+tensors go alone through :func:`~distronet.kernels.topk.dct_topk` (the same transform and
+selection, one tensor). The result is a list of
 :class:`TopkGroup`, each a stacked ``(N, k)`` pair ready for the payload coder
 (:func:`distronet.kernels.coding_batch.encode_groups`), with no per-tensor split or restack.
 
@@ -17,18 +18,16 @@ where two coefficients are within rounding of each other; the wire format does n
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from distronet.kernels.dct import dct_basis, work_dtype
+from distronet.kernels.dct import dct_basis, forward_chunks, work_dtype
 from distronet.kernels.decode_plan import SMALL_COEFFICIENTS
 from distronet.kernels.layout import ChunkLayout
-from distronet.kernels.topk import _select, check_k, dct_topk, topk_chunks, topk_magnitude
-from distronet.kernels.workspace import scratch
+from distronet.kernels.topk import check_k, dct_topk, topk_chunks
 from distronet.protocol.errors import KernelError
 
 __all__ = ["TopkGroup", "dct_topk_groups"]
@@ -56,34 +55,14 @@ def _into_rows(x: torch.Tensor, layout: ChunkLayout, out: torch.Tensor) -> None:
     out.copy_(v.view(g, b))
 
 
-def _into_slab(x: torch.Tensor, layout: ChunkLayout, out: torch.Tensor) -> None:
-    """Copy a rank >= 2 tensor's block rows (zero-padded) side by side into ``out`` ``(br, n_chunks * bc)``:
-    block row ``s`` (over batch and grid rows) at columns ``s * Cp ..``, so its chunk ``n`` sits at
-    columns ``n * bc .. n * bc + bc``."""
-    (gr, _gc), (br, _bc) = layout.grid, layout.block
-    (r, c), (rp, cp) = layout.core, layout.padded
-    x3 = x.reshape(layout.batch, r, c)
-    if layout.is_padded:
-        x3 = F.pad(x3, (0, cp - c, 0, rp - r))
-    out.view(br, layout.batch * gr, cp).copy_(x3.reshape(layout.batch * gr, br, cp).transpose(0, 1))
-
-
-@functools.lru_cache(maxsize=64)
-def _slab_tables(n: int, br: int, bc: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Position in a ``(br, n * bc)`` slab of chunk ``n``'s coefficient ``i``: base[n] + local[i]."""
-    i = torch.arange(br * bc, device=device)
-    return (torch.arange(n, device=device) * bc).unsqueeze(1), (i // bc) * (n * bc) + i % bc
-
-
 def _group_topk(
     xs: Sequence[torch.Tensor], layouts: Sequence[ChunkLayout], block: tuple[int, ...], k: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k of the DCT of every chunk of tensors of one block shape, stacked ``(N, k)``.
 
-    Rank <= 1: the chunks as rows, one product. Rank >= 2: every tensor's block rows side by side
-    in one ``(br, N * bc)`` slab, so the column transform (``slab.view(-1, bc) @ D_c^T``) and the
-    row transform (``D_r @ slab``) are one large product each, and the selection reads the slab
-    in place (``topk._select``'s chunk tables), as ``dct_topk`` reads one tensor's spatial order.
+    Rank <= 1: the chunks as rows, one product. Rank >= 2: every tensor's chunks side by side in
+    one chunk-order buffer (:func:`dct.forward_chunks`: one product for the columns, one batched
+    product for the rows), read in place by the selection.
     """
     dt, dev = work_dtype(xs[0].dtype), xs[0].device
     n = sum(lay.n_chunks for lay in layouts)
@@ -94,23 +73,7 @@ def _group_topk(
             _into_rows(x.detach().to(dt), lay, buf[row : row + lay.n_chunks])
             row += lay.n_chunks
         return topk_chunks(torch.mm(buf, dct_basis(block[0], dt, dev).T), k)
-    br, bc = block
-    slab = scratch(1, (br, n * bc), dt, dev)
-    col = 0
-    for x, lay in zip(xs, layouts, strict=True):
-        _into_slab(x.detach().to(dt), lay, slab[:, col : col + lay.n_chunks * bc])
-        col += lay.n_chunks * bc
-    z = scratch(0, (n * br, bc), dt, dev)
-    torch.mm(slab.view(n * br, bc), dct_basis(bc, dt, dev).T, out=z)
-    y = torch.mm(dct_basis(br, dt, dev), z.view(br, n * bc), out=slab)
-    tables = _slab_tables(n, br, bc, dev)
-    fast = _select(y.view(1, 1, br, n, bc), k, br * bc, tables)
-    if fast is not None:
-        return fast
-    mag = torch.abs(y.view(br, n, bc).transpose(0, 1)).reshape(n, br * bc)
-    idx = topk_magnitude(mag, k)
-    base, local = tables
-    return idx, y.reshape(-1)[base + local[idx]]
+    return topk_chunks(forward_chunks(xs, layouts).view(n, block[0] * block[1]), k)
 
 
 def dct_topk_groups(

@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from distronet.kernels.coding_fast import use_jit
-from distronet.kernels.dct import forward_spatial, index_tables, spatial_index, work_dtype
+from distronet.kernels.dct import forward_chunks, forward_spatial, work_dtype
+from distronet.kernels.fanout import map_in_order
 from distronet.kernels.layout import ChunkLayout
 from distronet.kernels.workspace import scratch
 from distronet.protocol.errors import KernelError
@@ -99,20 +100,36 @@ def _two_stage(
 
 
 JIT_SEGMENTS = (64, 32, 16, 8, 4, 2, 1)
-"""Segment lengths of the compiled selection, longest first (measured on 212 chunks of 64 x 64
-of Gaussian noise, one thread: at k = 32 segments of 64 take 1.1 ms, of 8 1.8 ms, the torch
-two-stage 2.3 ms)."""
+"""Segment lengths of the compiled selection, longest first. It takes the longest with at least
+``4 k`` segments per chunk (else the longest with ``k``): measured on the Llama's and the built-in
+GPT's real momentum in chunk order (chunks of 64 x 64, one thread, machine B), segments of 64 at
+k = 4 (3.3-3.7 us a chunk; 8: 6.4-6.7) and of 32 at k = 32 (5.8; 64: 6.3-6.7, 8: 7.8-7.9)."""
 
-JIT_MIN_K = 16
-"""The compiled selection runs from this k up. Measured on real momentum, one thread, chunk 64
-(AMD EPYC, loaded machine, minimum of 21): the built-in GPT's 212 chunks 1.56 ms against the
-torch path's 2.45 at k = 32, 0.79 against 0.79 at k = 4; the 5.3M-parameter Llama's 784 chunks of
-its small tensors 8.4 against 11.6 at k = 32 but 7.1 against 3.7 at k = 4."""
+JIT_MIN_K = 1
+"""The compiled selection runs from this k up: every k. Measured in chunk order (the DCT's output
+since :func:`dct.forward_chunks`), 2 torch threads, machine B while shared, medians of 7: the
+Llama's 1,332 chunks of 64 x 64 6.3 ms against the torch two-stage's 7.3 at k = 4, 8.1 against
+15.5 at k = 32; the built-in GPT's 320 1.15 against 1.36 at k = 4, 0.99 against 2.27 at k = 32."""
+
+
+JIT_PIECE = 64
+"""Chunks per piece of a compiled selection handed to the helper threads (fewer run inline)."""
+
+
+def _jit_segment(br: int, bc: int, k: int) -> int:
+    """The compiled selection's segment length (:data:`JIT_SEGMENTS`): it divides ``bc``."""
+    fits = [g for g in JIT_SEGMENTS if bc % g == 0 and br * bc // g >= k]
+    return next((g for g in fits if br * bc // g >= 4 * k), fits[0])
 
 
 def _select_compiled(y5: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     """:func:`topk_jit.select` of a CPU float32 ``y5`` once the compiled code is warm
-    (:func:`coding_fast.use_jit`), else None; None too for a NaN (the torch path then runs)."""
+    (:func:`coding_fast.use_jit`), else None; None too for a NaN (the torch path then runs).
+
+    The chunks are cut into pieces of about :data:`JIT_PIECE` run on this thread and torch's
+    other threads' worth of helpers (:func:`fanout.map_in_order`; the compiled loop holds no GIL).
+    Each piece writes only its own rows of the result, and a piece computed twice (the caller
+    redoing one a helper has not finished) writes the same values there."""
     if k < JIT_MIN_K or not use_jit() or y5.device.type != "cpu" or y5.dtype != torch.float32:
         return None
     if not y5.is_contiguous():
@@ -120,11 +137,18 @@ def _select_compiled(y5: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
     from distronet.kernels.topk_jit import OK, select
 
     b, gr, br, gc, bc = y5.shape
-    g = next(g for g in JIT_SEGMENTS if bc % g == 0 and br * bc // g >= k)
+    g = _jit_segment(br, bc, k)
     y = y5.detach().numpy().reshape(-1)
+    bits = y.view(np.uint32)
     n = b * gr * gc
     idx, val = np.empty((n, k), dtype=np.int64), np.empty((n, k), dtype=np.float32)
-    if select(y.view(np.uint32), y, 0x7F800000, b, gr, br, gc, bc, k, g, 0, n, idx, val) != OK:
+    pieces = max(1, min(n // JIT_PIECE, 4 * torch.get_num_threads()))
+
+    def piece(p: int) -> int:
+        lo, hi = n * p // pieces, n * (p + 1) // pieces
+        return int(select(bits, y, 0x7F800000, b, gr, br, gc, bc, k, g, lo, hi, idx, val))
+
+    if any(code != OK for code in map_in_order(piece, pieces, torch.get_num_threads())):
         return None
     return torch.from_numpy(idx), torch.from_numpy(val)
 
@@ -167,24 +191,15 @@ def topk_chunks(c: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def dct_topk(x: torch.Tensor, layout: ChunkLayout, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``topk_chunks(dct_chunks(x, layout), k)`` without materialising chunk-order coefficients.
-
-    The coefficients stay in spatial order (in a scratch buffer); selection reads them there.
+    """``topk_chunks(dct_chunks(x, layout), k)`` with the coefficients in a scratch buffer: a rank
+    >= 2 tensor is transformed straight into chunk order (:func:`dct.forward_chunks`), where the
+    selection reads each chunk contiguously.
 
     Raises:
         KernelError: as :func:`dct_chunks` and :func:`topk_chunks`.
     """
     check_k(k, layout.chunk_numel)
     with torch.no_grad():
-        y = forward_spatial(x, layout, into_scratch=True)
         if len(layout.block) == 1:
-            return topk_chunks(y, k)
-        (gr, gc), (br, bc) = layout.grid, layout.block
-        y5 = y.view(layout.batch, gr, br, gc, bc)
-        fast = _select(y5, k, layout.chunk_numel, index_tables(layout, y.device))
-        if fast is not None:
-            return fast
-        mag = torch.empty((layout.batch, gr, gc, br, bc), dtype=y.dtype, device=y.device)
-        torch.abs(y5.permute(0, 1, 3, 2, 4), out=mag)
-        idx = topk_magnitude(mag.view(layout.n_chunks, layout.chunk_numel), k)
-        return idx, y.reshape(-1)[spatial_index(idx, layout)]
+            return topk_chunks(forward_spatial(x, layout, into_scratch=True), k)
+        return topk_chunks(forward_chunks([x], [layout]).view(layout.n_chunks, layout.chunk_numel), k)

@@ -39,6 +39,42 @@ NOT_FINITE = 1
 
 
 @compiled
+def kth_largest(a: np.ndarray, n: int, k: int, tmp: np.ndarray) -> int:
+    """The ``k``-th largest of ``a[:n]`` (``1 <= k <= n``), by quickselect on a copy in ``tmp``
+    (median-of-three pivots, no allocation: ``np.partition`` allocates its copy on every call)."""
+    for i in range(n):
+        tmp[i] = a[i]
+    lo, hi, want = 0, n - 1, k - 1  # ``want``: the position in descending order
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        x, y, z = tmp[lo], tmp[mid], tmp[hi]
+        if x < y:
+            x, y = y, x
+        if y < z:
+            y = z
+            if x < y:
+                y = x
+        pivot = y  # the median of the three
+        i, j = lo, hi
+        while i <= j:
+            while tmp[i] > pivot:
+                i += 1
+            while tmp[j] < pivot:
+                j -= 1
+            if i <= j:
+                tmp[i], tmp[j] = tmp[j], tmp[i]
+                i += 1
+                j -= 1
+        if want <= j:
+            hi = j
+        elif want >= i:
+            lo = i
+        else:
+            return tmp[want]  # type: ignore[no-any-return]
+    return tmp[lo]  # type: ignore[no-any-return]
+
+
+@compiled
 def select(
     bits: np.ndarray, y: np.ndarray, inf: int, b: int, gr: int, br: int, gc: int, bc: int, k: int,
     g: int, n0: int, n1: int, idx_out: np.ndarray, val_out: np.ndarray,
@@ -59,6 +95,7 @@ def select(
     cn = br * bc
     row = gc * bc
     smax = np.empty(nseg, dtype=bits.dtype)
+    tmp = np.empty(max(nseg, cn), dtype=bits.dtype)
     cand_i = np.empty(cn, dtype=np.int64)
     cand_m = np.empty(cn, dtype=bits.dtype)
     for n in range(n0, n1):
@@ -75,7 +112,7 @@ def select(
                 top = max(top, m)
         if top > inf:
             return NOT_FINITE
-        t = np.partition(smax, nseg - k)[nseg - k] if k < nseg else smax.min()
+        t = kth_largest(smax, nseg, k, tmp)
         count = 0
         zero = t == 0  # under k nonzero segments: keep only nonzero candidates (zeros below)
         for s in range(nseg):
@@ -92,17 +129,21 @@ def select(
         if count < k:  # every nonzero value, then the zeros of lowest index, in index order
             zeros = k - count
             e_out, c = 0, 0
-            for i in range(cn):
-                p = base + (i // bc) * row + i % bc
-                if c < count and cand_i[c] == i:
-                    c += 1
-                elif zeros > 0 and (bits[p] & mask) == 0:
-                    zeros -= 1
-                else:
-                    continue
-                idx_out[n, e_out] = i
-                val_out[n, e_out] = y[p]
-                e_out += 1
+            for r in range(br):
+                p0 = base + r * row
+                for j in range(bc):
+                    i = r * bc + j
+                    if c < count and cand_i[c] == i:
+                        c += 1
+                    elif zeros > 0 and (bits[p0 + j] & mask) == 0:
+                        zeros -= 1
+                    else:
+                        continue
+                    idx_out[n, e_out] = i
+                    val_out[n, e_out] = y[p0 + j]
+                    e_out += 1
+                    if e_out == k:
+                        break
                 if e_out == k:
                     break
             continue
@@ -112,7 +153,7 @@ def select(
                 idx_out[n, e] = i
                 val_out[n, e] = y[base + (i // bc) * row + i % bc]
             continue
-        t2 = np.partition(cand_m[:count], count - k)[count - k]
+        t2 = kth_largest(cand_m, count, k, tmp)
         need = k
         for e in range(count):
             if cand_m[e] > t2:

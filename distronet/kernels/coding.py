@@ -19,14 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from distronet.kernels.coding_fast import (
-    HAVE_JIT,
-    decode_compiled,
-    jit_cache_dir,
-    jit_stamp,
-    mark_warm,
-    use_jit,
-)
+from distronet.kernels.coding_fast import decode_compiled, jit_cache_dir, jit_stamp
 from distronet.kernels.coding_index import MAX_CHUNK_NUMEL, IndexCoding, encode_indices
 from distronet.kernels.coding_payload import (
     PAYLOAD_VERSION,
@@ -37,6 +30,7 @@ from distronet.kernels.coding_payload import (
 )
 from distronet.kernels.coding_reference import decode_reference
 from distronet.kernels.coding_values import ValueCoding, quantise
+from distronet.kernels.jit_state import HAVE_JIT, mark_warm, use_jit
 from distronet.protocol.errors import KernelError
 from distronet.protocol.limits import DEFAULT_LIMITS, Limits
 
@@ -163,6 +157,9 @@ def warm() -> bool:
             out, flat.tensor_ids, flat.n, flat.k, flat.offsets, flat.idx, flat.val, one, one, table, local_at
         )
     scatter_part(out, flat.idx.reshape(1, -1), flat.val.reshape(1, -1), one, table, 64)  # decode.decode_sum
+    from distronet.kernels.coding_jit_sum import pack  # coding_bits.pack_bits
+
+    pack(np.array([5, 1], dtype=np.int64), np.array([3, 40], dtype=np.int64), np.empty(6, np.uint8))
     from distronet.kernels.topk_jit import select  # the compiled top-k (topk._select_compiled)
 
     y = np.arange(64, dtype=np.float32)
@@ -179,6 +176,21 @@ def warm() -> bool:
         16,
         0,
         1,
+        np.empty((1, 4), np.int64),
+        np.empty((1, 4), np.float32),
+    )
+    from distronet.kernels.topk_jit import B, dct_select, factors  # topk.dct_select_compiled
+
+    dct_select(
+        np.ones((1, B, B), np.float32),
+        1,
+        1,
+        *factors(),
+        4,
+        16,
+        0,
+        1,
+        0,
         np.empty((1, 4), np.int64),
         np.empty((1, 4), np.float32),
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from distronet.kernels.jit_state import use_jit
 from distronet.protocol.errors import RejectCode, Rejected
 
 __all__ = [
@@ -89,10 +90,19 @@ class ByteReader:
 def pack_bits(values: np.ndarray, widths: np.ndarray) -> bytes:
     """Concatenate fields MSB-first: value i in ``widths[i]`` bits (0 <= widths <= 64, values < 2**width).
 
-    Zero-pads the last byte. Vectorised: each field lands in one or two big-endian 64-bit
-    words; the parts landing in a word are OR-ed by one ``reduceat`` (fields are in order, so
-    a word's parts are contiguous). Cost O(len(values)).
+    Zero-pads the last byte. Once the compiled code is warm (:func:`jit_state.use_jit`) one
+    compiled loop writes the fields (:func:`coding_jit_sum.pack`, the same bytes); else
+    vectorised: each field lands in one or two big-endian 64-bit words; the parts landing in a
+    word are OR-ed by one ``reduceat`` (fields are in order, so a word's parts are contiguous).
+    Cost O(len(values)).
     """
+    if use_jit():
+        from distronet.kernels.coding_jit_sum import pack
+
+        wi = np.ascontiguousarray(widths, dtype=np.int64).reshape(-1)
+        out = np.empty((int(wi.sum()) + 7) // 8, dtype=np.uint8)
+        pack(np.ascontiguousarray(values).reshape(-1).astype(np.int64, copy=False), wi, out)
+        return out.tobytes()
     w = np.asarray(widths, dtype=np.uint64).reshape(-1)
     v = np.asarray(values).reshape(-1).astype(np.uint64)
     if (w == 0).any():  # zero-width fields hold nothing (and may sit just past the last word)

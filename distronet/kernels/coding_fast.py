@@ -17,7 +17,8 @@ Contract: :func:`decode_compiled` returns exactly what
 :func:`~distronet.kernels.coding_reference.decode_reference` returns, bit for bit, or None for
 anything it does not accept (every payload the reference rejects, and nothing else the tests
 find); the caller then lets the reference decide, with its exact code and message. Whether the
-walk is compiled in this process is :func:`use_jit` (set by :func:`mark_warm`); numba is imported
+walk is compiled in this process is :func:`~distronet.kernels.jit_state.use_jit` (set by
+:func:`~distronet.kernels.jit_state.mark_warm`); numba is imported
 on the first compiled decode, not with this module. This module writes no files; numba keeps its
 own cache in :func:`jit_cache_dir`.
 """
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
-import importlib.util
 import math
 import sys
 import threading
@@ -47,9 +47,8 @@ from distronet.kernels.coding_values import Q_MAX, Q_MIN, SCALE_BMAX
 from distronet.protocol.errors import Rejected
 from distronet.protocol.limits import Limits
 
-__all__ = ["HAVE_JIT", "decode_compiled", "jit_cache_dir", "jit_stamp", "mark_warm", "use_jit"]
+__all__ = ["decode_compiled", "jit_cache_dir", "jit_stamp"]
 
-HAVE_JIT = importlib.util.find_spec("numba") is not None
 _PLANS_KEEP = 16
 _FP32, _FP16, _BF16, _INT8, _SIGN1 = 1, 2, 3, 4, 5
 _ENTROPY = 2
@@ -240,22 +239,6 @@ def _decode(plan: _Plan, data: bytes) -> FlatPayload:
     if status != _jit().OK:
         raise _Refused
     return FlatPayload(plan.ids, plan.n, plan.k, plan.cn, plan.offsets, idx, val)
-
-
-_WARM = threading.Event()  # set by mark_warm(): compiled decoding is in use in this process
-
-
-def mark_warm() -> None:
-    """Use the compiled walk from now on in this process: call it once the walk has been compiled
-    here, or when numba's on-disk cache is known to hold it (the first decode then loads it, ~1 s)."""
-    _WARM.set()
-
-
-def use_jit() -> bool:
-    """Whether decoding takes the compiled path now: numba is there and :func:`mark_warm` was
-    called. Until then the reference decoder runs: a process never stalls for the first compile
-    (~10-40 s) on a packet's path."""
-    return HAVE_JIT and _WARM.is_set()
 
 
 def jit_cache_dir() -> Path:

@@ -1,6 +1,6 @@
-"""Compiled value dequantisation and coefficient accumulation (numba), for the payload walk.
+"""Compiled value dequantisation, coefficient accumulation and bit packing (numba), for payloads.
 
-Two loops that used to be a dozen numpy passes per packet:
+Loops that used to be a dozen numpy passes per packet:
 
 * :func:`values` turns a payload's value section, per-chunk scales and sign bits into the
   float32 value of every output slot (wire values moved along the walk's permutation), with the
@@ -12,8 +12,10 @@ Two loops that used to be a dozen numpy passes per packet:
   entry in payload order. Per element that is the same sequence of float32 additions, from
   zero, as ``torch.index_add_`` over the payloads' entries concatenated in the same order (the
   CPU kernel adds serially), so results are bit-identical and independent of thread counts.
+* :func:`pack` writes a payload's bit fields MSB-first, field by field, the bytes
+  :func:`coding_bits.pack_bits` builds with eleven whole-array passes.
 
-Both are called with arrays the caller built and checked (:mod:`coding_fast`,
+All are called with arrays the caller built and checked (:mod:`coding_fast`,
 :mod:`decode`); they never raise. ``numba`` is optional (:data:`HAVE_JIT`).
 """
 
@@ -24,7 +26,17 @@ from typing import Any, TypeVar, cast
 
 import numpy as np
 
-__all__ = ["BAD_VALUE", "HALF_BITS", "HAVE_JIT", "F", "compiled", "scatter_flat", "scatter_part", "values"]
+__all__ = [
+    "BAD_VALUE",
+    "HALF_BITS",
+    "HAVE_JIT",
+    "F",
+    "compiled",
+    "pack",
+    "scatter_flat",
+    "scatter_part",
+    "values",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -161,3 +173,35 @@ def scatter_part(
         for e in range(k):
             buf[b + local[idx[c, e]]] += val[c, e]
     return True
+
+
+@compiled
+def pack(values: np.ndarray, widths: np.ndarray, out: np.ndarray) -> None:
+    """Field ``i`` (the low ``widths[i]`` bits of ``values[i]``, ``0 <= widths[i] <= 64``) after
+    field ``i - 1``, MSB-first, into ``out`` uint8 (``ceil(sum(widths) / 8)`` bytes; the last
+    byte zero-padded). ``values`` and ``widths`` int64 ``(n,)``. A field over 32 bits goes in as
+    its high and low halves, so the accumulator never holds more than 39 bits."""
+    acc, nacc, pos = 0, 0, 0
+    for i in range(values.shape[0]):
+        w = widths[i]
+        if w == 0:
+            continue
+        v = values[i]
+        if w > 32:
+            acc = (acc << (w - 32)) | ((v >> 32) & ((1 << (w - 32)) - 1))
+            nacc += w - 32
+            while nacc >= 8:
+                nacc -= 8
+                out[pos] = (acc >> nacc) & 0xFF
+                pos += 1
+            acc &= (1 << nacc) - 1
+            w = 32
+        acc = (acc << w) | (v & ((1 << w) - 1))
+        nacc += w
+        while nacc >= 8:
+            nacc -= 8
+            out[pos] = (acc >> nacc) & 0xFF
+            pos += 1
+        acc &= (1 << nacc) - 1
+    if nacc:
+        out[pos] = (acc << (8 - nacc)) & 0xFF

@@ -18,7 +18,7 @@ Two inverses, chosen by the total ``K = sum(k)`` per chunk (see :func:`choose_me
 
 On CUDA, the scatter accumulates with atomics, so the last bits of a sum may differ from
 run to run; on CPU the result is deterministic. On CPU with float32 values, once the compiled
-decoder is warm (:func:`coding_fast.use_jit`), the dense inverse's scatter is one compiled loop
+decoder is warm (:func:`jit_state.use_jit`), the dense inverse's scatter is one compiled loop
 per part (:func:`coding_jit_sum.scatter_part`) instead of stacking the parts and building every
 position with tensor operations: the same float32 additions in the same order, so the result is
 bit-identical to the tensor path's (``test_kernels_decode_fast.py``).
@@ -47,7 +47,6 @@ from typing import Literal
 import numpy as np
 import torch
 
-from distronet.kernels.coding_fast import use_jit
 from distronet.kernels.coding_payload import FlatPayload
 from distronet.kernels.dct import (
     dct_basis,
@@ -65,6 +64,7 @@ from distronet.kernels.decode_sparse import (
     sparse_limit,
     sparse_tensors,
 )
+from distronet.kernels.jit_state import use_jit
 from distronet.kernels.layout import ChunkLayout
 from distronet.kernels.workspace import scratch
 from distronet.protocol.errors import KernelError

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from distronet.kernels.dct import dct_basis, forward_chunks, work_dtype
 from distronet.kernels.decode_plan import SMALL_COEFFICIENTS
 from distronet.kernels.layout import ChunkLayout
-from distronet.kernels.topk import check_k, dct_topk, topk_chunks
+from distronet.kernels.topk import check_k, dct_select_compiled, dct_topk, topk_chunks
 from distronet.protocol.errors import KernelError
 
 __all__ = ["TopkGroup", "dct_topk_groups"]
@@ -73,6 +73,9 @@ def _group_topk(
             _into_rows(x.detach().to(dt), lay, buf[row : row + lay.n_chunks])
             row += lay.n_chunks
         return topk_chunks(torch.mm(buf, dct_basis(block[0], dt, dev).T), k)
+    fast = dct_select_compiled(xs, layouts, k)
+    if fast is not None:
+        return fast
     return topk_chunks(forward_chunks(xs, layouts).view(n, block[0] * block[1]), k)
 
 

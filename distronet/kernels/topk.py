@@ -8,18 +8,27 @@ are the ``k`` largest by ``|c|`` in the chunk (ties broken arbitrarily).
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-from distronet.kernels.coding_fast import use_jit
 from distronet.kernels.dct import forward_chunks, forward_spatial, work_dtype
 from distronet.kernels.fanout import map_in_order
+from distronet.kernels.jit_state import use_jit
 from distronet.kernels.layout import ChunkLayout
 from distronet.kernels.workspace import scratch
 from distronet.protocol.errors import KernelError
 
-__all__ = ["SEGMENTS", "check_k", "dct_topk", "segment_length", "topk_chunks", "topk_magnitude"]
+__all__ = [
+    "SEGMENTS",
+    "check_k",
+    "dct_select_compiled",
+    "dct_topk",
+    "segment_length",
+    "topk_chunks",
+    "topk_magnitude",
+]
 
 SEGMENTS = (4, 8, 16, 32, 64, 128, 256)
 """Segment lengths the two-stage selection may use."""
@@ -124,7 +133,7 @@ def _jit_segment(br: int, bc: int, k: int) -> int:
 
 def _select_compiled(y5: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     """:func:`topk_jit.select` of a CPU float32 ``y5`` once the compiled code is warm
-    (:func:`coding_fast.use_jit`), else None; None too for a NaN (the torch path then runs).
+    (:func:`jit_state.use_jit`), else None; None too for a NaN (the torch path then runs).
 
     The chunks are cut into pieces of about :data:`JIT_PIECE` run on this thread and torch's
     other threads' worth of helpers (:func:`fanout.map_in_order`; the compiled loop holds no GIL).
@@ -149,6 +158,51 @@ def _select_compiled(y5: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
         return int(select(bits, y, 0x7F800000, b, gr, br, gc, bc, k, g, lo, hi, idx, val))
 
     if any(code != OK for code in map_in_order(piece, pieces, torch.get_num_threads())):
+        return None
+    return torch.from_numpy(idx), torch.from_numpy(val)
+
+
+DCT_PIECE_CHUNKS = 64
+"""About this many chunks (whole block rows) per piece of :func:`dct_select_compiled`."""
+
+
+def dct_select_compiled(
+    xs: Sequence[torch.Tensor], layouts: Sequence[ChunkLayout], k: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``topk_chunks`` of the DCT of every chunk of ``xs`` (tensor after tensor, chunk order) by
+    :func:`topk_jit.dct_select` (transform and selection in one compiled loop), or None where it
+    does not apply: the compiled code not warm, a tensor not float32 on the CPU, a block other
+    than ``topk_jit.B`` square, or a NaN among the coefficients (the caller then takes the matrix
+    products, which decide what a NaN gives).
+
+    Block rows are cut into pieces of about :data:`DCT_PIECE_CHUNKS` chunks run on this thread
+    and torch's other threads' worth of helpers (:func:`fanout.map_in_order`; the compiled loop
+    holds no GIL); each piece writes only its own rows of the result, the same values whoever
+    runs it."""
+    from distronet.kernels.topk_jit import OK, B, dct_select, factors
+
+    if not use_jit() or any(lay.block != (B, B) for lay in layouts):
+        return None
+    if any(x.device.type != "cpu" or x.dtype != torch.float32 for x in xs):
+        return None
+    n = sum(lay.n_chunks for lay in layouts)
+    idx, val = np.empty((n, k), dtype=np.int64), np.empty((n, k), dtype=np.float32)
+    g = _jit_segment(1, B * B, k)
+    cs, sc = factors()
+    pieces: list[tuple[np.ndarray, int, int, int, int, int]] = []
+    row = 0
+    for x, lay in zip(xs, layouts, strict=True):
+        x3 = x.detach().contiguous().numpy().reshape(lay.batch, *lay.core)
+        (gr, gc), blocks = lay.grid, lay.n_chunks // lay.grid[1]
+        step = max(1, DCT_PIECE_CHUNKS // gc)
+        pieces += [(x3, gr, gc, q, min(q + step, blocks), row) for q in range(0, blocks, step)]
+        row += lay.n_chunks
+
+    def piece(p: int) -> int:
+        x3, gr, gc, q0, q1, r0 = pieces[p]
+        return int(dct_select(x3, gr, gc, cs, sc, k, g, q0, q1, r0, idx, val))
+
+    if any(code != OK for code in map_in_order(piece, len(pieces), torch.get_num_threads())):
         return None
     return torch.from_numpy(idx), torch.from_numpy(val)
 
@@ -202,4 +256,6 @@ def dct_topk(x: torch.Tensor, layout: ChunkLayout, k: int) -> tuple[torch.Tensor
     with torch.no_grad():
         if len(layout.block) == 1:
             return topk_chunks(forward_spatial(x, layout, into_scratch=True), k)
+        if tuple(x.shape) == layout.shape and (fast := dct_select_compiled([x], [layout], k)) is not None:
+            return fast
         return topk_chunks(forward_chunks([x], [layout]).view(layout.n_chunks, layout.chunk_numel), k)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from distronet.kernels import coding_fast
+from distronet.kernels import coding_fast, jit_state
 from distronet.kernels.coding import (
     EncodedTensor,
     FlatPayload,
@@ -32,7 +32,7 @@ def _warm() -> None:
 
 def test_numba_is_present() -> None:
     """numba is a dependency: without it every test here would test the reference twice."""
-    assert coding_fast.HAVE_JIT and use_jit()
+    assert jit_state.HAVE_JIT and use_jit()
 
 
 CHUNKS = [1, 7, 9, 49, 64, 256, 4096]
@@ -142,7 +142,7 @@ def test_falls_back_to_the_reference_without_numba(monkeypatch: pytest.MonkeyPat
     layouts, codings = [(3, 64), (2, 4096)], {0: (2, 2, 4), 1: (5, 1, 32)}
     data = _tensors(rng, layouts, codings)
     want = decode_payload(data, layouts).tensors()
-    monkeypatch.setattr(coding_fast, "HAVE_JIT", False)
+    monkeypatch.setattr(jit_state, "HAVE_JIT", False)
     assert not use_jit()
     monkeypatch.setattr(coding_fast, "decode_compiled", None)  # would raise if it were called
     assert _same(decode_payload(data, layouts).tensors(), want)

@@ -9,8 +9,9 @@ identities, sealed before the step from this peer's momentum times ``1 + 0.2 * N
 (so their indices and values differ as between peers); they are made outside the timed step.
 
 The codec's time is measured inside that same step, by timing the optimizer's own calls to the
-codec (``distro.dct_chunks``, ``build_packet``, ``open_round``, ``round_sums``): encode = the
-gradient DCT + ``build_packet``, decode = ``open_round`` + ``round_sums``. Reported: medians over
+codec (``distro.dct_accumulate``, ``build_packet``, ``open_round``, ``round_sums``): encode = the
+gradient DCT into the momentum (``beta * m + DCT(g)``, one fused call) + ``build_packet``, decode =
+``open_round`` + ``round_sums``. Reported: medians over
 the timed steps (after ``warmup`` untimed ones) of the step, the codec and their ratio.
 """
 
@@ -83,7 +84,7 @@ class _Round(Exchange):
 @contextmanager
 def _timing(sink: dict[str, float]) -> Iterator[None]:
     """Time the optimizer's calls to the codec into ``sink`` (seconds, summed per name)."""
-    names = ("dct_chunks", "build_packet", "open_round", "round_sums")
+    names = ("dct_accumulate", "build_packet", "open_round", "round_sums")
     saved = {n: getattr(distro, n) for n in names}
 
     def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -153,7 +154,7 @@ def step_share(
             t2 = time.perf_counter()
             if step < warmup:
                 continue
-            enc = sink.get("dct_chunks", 0.0) + sink.get("build_packet", 0.0)
+            enc = sink.get("dct_accumulate", 0.0) + sink.get("build_packet", 0.0)
             dec = sink.get("open_round", 0.0) + sink.get("round_sums", 0.0)
             for key, v in (
                 ("step", t2 - t0),

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from distronet.kernels.dct import dct_chunks
+from distronet.kernels.dct import dct_accumulate
 from distronet.kernels.decode import decode_sum
 from distronet.node.exchange.base import Exchange, Round
 from distronet.node.optim import robust
@@ -59,6 +59,7 @@ from distronet.node.optim.packets import (
     TensorPlan,
     build_packet,
     make_plans,
+    momentum_buffers,
     open_round,
     run_digest,
 )
@@ -149,11 +150,9 @@ class DistroOptimizer(torch.optim.Optimizer):
         self.auditor = auditor
         self.verify_seconds = 0.0
         self._params = [p for _, p in named]
-        for plan, p in zip(self.plans, self._params, strict=True):
+        for p, m in zip(self._params, momentum_buffers(self.plans, self._params), strict=True):
             st = self.state[p]
-            st["momentum"] = torch.zeros(
-                (plan.layout.n_chunks, plan.layout.chunk_numel), dtype=torch.float32, device=p.device
-            )
+            st["momentum"] = m
             if cfg.overlap.enabled:
                 st["consensus"] = p.detach().clone()
         self._t = 0
@@ -208,9 +207,7 @@ class DistroOptimizer(torch.optim.Optimizer):
         momenta = self._momenta()
         for plan, p, m in zip(self.plans, self._params, momenta, strict=True):
             g = p.grad if p.grad is not None else torch.zeros_like(p)
-            m.mul_(ex.beta).add_(
-                dct_chunks(g.detach().float(), plan.layout), alpha=lr if ex.lr_in_momentum else 1.0
-            )
+            dct_accumulate(m, g.detach().float(), plan.layout, ex.beta, lr if ex.lr_in_momentum else 1.0)
         frame, sent = build_packet(self.plans, momenta, cfg, t, self.identity, self.digest)
         for m, s in zip(momenta, sent, strict=True):
             m.scatter_(1, s.idx, m.gather(1, s.idx) - s.val)

@@ -35,6 +35,7 @@ norm checks are what bound it); a copy of a peer whose batch this replica cannot
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -43,6 +44,7 @@ import torch
 
 from distronet.kernels.dct import dct_chunks
 from distronet.node.optim.packets import DecodedRound, TensorPlan
+from distronet.node.optim.robust import fdot
 from distronet.protocol.errors import ConfigError
 
 __all__ = ["Audit", "Auditor", "Provenance"]
@@ -183,5 +185,5 @@ class Provenance:
         for plan, base, g in zip(self.plans, self.bases, grads, strict=True):
             c = dct_chunks(g.detach().float(), plan.layout).reshape(-1)
             coef[int(base) : int(base) + c.numel()] = c.cpu().double().numpy()
-        norm = float(np.sqrt(np.dot(coef, coef))) * float(np.sqrt(np.dot(val, val)))
-        return float(np.dot(val, coef[pos])) / norm if norm > 0 else 0.0
+        norm = math.sqrt(fdot(coef, coef)) * math.sqrt(fdot(val, val))
+        return fdot(val, coef[pos]) / norm if norm > 0 else 0.0

@@ -40,6 +40,7 @@ from distronet.node.optim.packets import DecodedRound, TensorPlan
 __all__ = [
     "clip_scales",
     "coefficient_bases",
+    "fdot",
     "finite_sums",
     "global_index",
     "median",
@@ -49,12 +50,22 @@ __all__ = [
 ]
 
 
+def fdot(a: np.ndarray, b: np.ndarray) -> float:
+    """``sum(a * b)`` of two 1-D float64 arrays by numpy's own pairwise summation, never BLAS.
+
+    ``np.dot`` hands long vectors to OpenBLAS, which splits them over its threads (so the sum's
+    order, and its last bits, follow the machine's core count: replicas must agree) and whose
+    idle workers then spin for up to ~0.1 s on the cores torch computes on (measured: the Llama
+    step's round decode 33 -> 15 ms once they stopped; docs/decisions/codec-in-step.md)."""
+    return float(np.add.reduce(a * b))
+
+
 def packet_norms(flats: Sequence[FlatPayload]) -> list[float]:
     """Each packet's coefficient-space L2 norm (float64 accumulation; ``inf`` only on overflow)."""
     out = []
     for f in flats:
         v = f.val.astype(np.float64)
-        out.append(float(np.sqrt(np.dot(v, v))))
+        out.append(math.sqrt(fdot(v, v)))
     return out
 
 

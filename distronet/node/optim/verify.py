@@ -68,6 +68,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -88,7 +89,7 @@ norm are copies (re-quantising a copied packet moves values by far less)."""
 def _near(a: np.ndarray, b: np.ndarray) -> bool:
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     d = a64 - b64
-    return float(np.dot(d, d)) <= _COPY_TOL**2 * float(np.dot(a64, a64))
+    return robust.fdot(d, d) <= _COPY_TOL**2 * robust.fdot(a64, a64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +167,7 @@ class Guard:
         """The round's ``Verdict`` (updating the history) and each packet's coefficient positions."""
         cfg = self.cfg
         v64 = [f.val.astype(np.float64) for f in dec.flats]  # each packet's values, widened once
-        norms = [float(np.sqrt(np.dot(v, v))) for v in v64]  # = robust.packet_norms(dec.flats)
+        norms = [math.sqrt(robust.fdot(v, v)) for v in v64]  # = robust.packet_norms(dec.flats)
         live = [i for i, p in enumerate(dec.peers) if p not in self.neutralised]
         small = len(live) < cfg.min_peers
         med = robust.median([norms[i] for i in live])
@@ -254,10 +255,10 @@ class Guard:
         pos = np.concatenate([gidx[i] for i in keep])
         scaled = [v64[i] * s for i, s in zip(keep, scales, strict=True)]
         agg = np.bincount(pos, weights=np.concatenate(scaled), minlength=self.total)
-        agg_sq = float(np.dot(agg, agg))
+        agg_sq = robust.fdot(agg, agg)
         means: dict[int, float] = {}
         for i, v in zip(keep, scaled, strict=True):
-            vv, dot = float(np.dot(v, v)), float(np.dot(v, agg[gidx[i]]))
+            vv, dot = robust.fdot(v, v), robust.fdot(v, agg[gidx[i]])
             others_sq = max(agg_sq - 2.0 * dot + vv, 0.0)
             denom = np.sqrt(vv * others_sq)
             cos = (dot - vv) / denom if denom > 0 else 0.0

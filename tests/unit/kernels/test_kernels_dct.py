@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from distronet.kernels import numpy_ref
-from distronet.kernels.dct import dct_basis, dct_chunks, dct_spatial, idct_chunks
+from distronet.kernels.dct import dct_accumulate, dct_basis, dct_chunks, dct_spatial, idct_chunks
 from distronet.kernels.layout import plan_layout
 from distronet.protocol.errors import KernelError
 
@@ -118,3 +118,25 @@ def test_bad_arguments_raise() -> None:
         numpy_ref.dct_chunks(np.zeros((8, 9)), lay)
     with pytest.raises(KernelError):
         numpy_ref.idct_chunks(np.zeros((4, 16), dtype=np.int64), lay)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("alpha", [1.0, 0.03])
+def test_dct_accumulate_is_the_momentum_update_bit_for_bit(shape: tuple[int, ...], alpha: float) -> None:
+    """``dct_accumulate`` reads the coefficients in spatial order, with no chunk-order copy: the
+    same ``beta * m + alpha * c`` per element as through ``dct_chunks``'s copy, every layout."""
+    g = torch.Generator().manual_seed(len(shape) + int(alpha * 100))
+    lay = plan_layout(shape, 16)
+    x = torch.randn(shape, generator=g)
+    m = torch.randn(lay.n_chunks, lay.chunk_numel, generator=g)
+    want = m.clone().mul_(0.9).add_(dct_chunks(x, lay), alpha=alpha)
+    dct_accumulate(m, x, lay, 0.9, alpha)
+    torch.testing.assert_close(m, want, rtol=0, atol=1e-6 * float(want.abs().max()))
+    if alpha == 1.0:  # a plain add reads the same values: the very same bits
+        assert torch.equal(m, want)
+
+
+def test_dct_accumulate_checks_the_momentum_shape() -> None:
+    lay = plan_layout((64, 64), 16)
+    with pytest.raises(KernelError, match="momentum"):
+        dct_accumulate(torch.zeros(lay.n_chunks + 1, lay.chunk_numel), torch.zeros(64, 64), lay, 0.9, 1.0)

@@ -142,7 +142,35 @@ def test_batched_packet_bytes_equal_per_tensor_coding(name: str, model: str) -> 
             momenta.append(m)
         momenta[-1].zero_()
         want, want_sent = _per_tensor_frame(plans, momenta, cfg, step, ident, digest)
-        got, got_sent = packets.build_packet(plans, momenta, cfg, step, ident, digest)
-        assert got == want
-        for s, (idx, deq) in zip(got_sent, want_sent, strict=True):
-            assert torch.equal(s.idx, idx) and np.array_equal(s.val.numpy(), deq)
+        # the optimizer's own momenta: one buffer per class, whose top-k is read in place
+        held = packets.momentum_buffers(plans, [torch.empty(0)] * len(plans))
+        for h, m in zip(held, momenta, strict=True):
+            h.copy_(m)
+        for ms in (momenta, held):
+            got, got_sent = packets.build_packet(plans, ms, cfg, step, ident, digest)
+            assert got == want
+            for s, (idx, deq) in zip(got_sent, want_sent, strict=True):
+                assert torch.equal(s.idx, idx) and np.array_equal(s.val.numpy(), deq)
+
+
+def test_a_class_of_momenta_in_one_buffer_is_read_in_place_else_stacked() -> None:
+    """``momentum_buffers`` lays each class's momenta one after another in one storage, which
+    ``_stacked`` views without a copy; momenta that are not (after a state load, say) are
+    stacked into a copy, the same values either way."""
+    from distronet.node.optim import packets
+
+    cfg = preset("ours_k32")
+    plans = packets.make_plans([("a", (128, 128)), ("b", (40,)), ("c", (64, 64)), ("d", (128, 64))], cfg)
+    held = packets.momentum_buffers(plans, [torch.empty(0)] * len(plans))
+    for i, h in enumerate(held):
+        h.fill_(i + 1)
+    square = [held[i] for i in (0, 2, 3)]  # the 64 x 64 chunk class, in plan order
+    cn = plans[0].layout.chunk_numel
+    assert {plans[i].layout.chunk_numel for i in (0, 2, 3)} == {cn} != {plans[1].layout.chunk_numel}
+    view = packets._stacked(square, cn)
+    assert view.untyped_storage().data_ptr() == held[0].untyped_storage().data_ptr()
+    loose = [h.clone() for h in square]
+    copy = packets._stacked(loose, cn)
+    assert copy.untyped_storage().data_ptr() != loose[0].untyped_storage().data_ptr()
+    assert torch.equal(view, copy) and torch.equal(view, torch.cat(square))
+    assert torch.equal(packets._stacked([square[0], square[2]], cn), torch.cat([square[0], square[2]]))

@@ -4,6 +4,7 @@ optim/verify.py, packets.check_plan)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from distronet.kernels.coding import ValueCoding, decode_payload, encode_payload, encode_tensor
@@ -305,3 +306,24 @@ def test_audit_limits_are_checked() -> None:
     for bad in (dict(min_rounds=0), dict(min_rounds=5, max_rounds=4), dict(majority=0.5), dict(t_min=0.0)):
         with pytest.raises(ConfigError):
             Audit(**bad)  # type: ignore[arg-type]
+
+
+def test_judging_a_round_never_calls_blas(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Norms, copy checks and cosines sum in numpy's own pairwise order (``robust.fdot``), not
+    through ``np.dot``: OpenBLAS would split long vectors over its threads (the sum's order then
+    follows the core count, and replicas must agree) and leave them spinning on torch's cores."""
+    frames = {IDENTS[i].peer_id: _honest(i) for i in range(5)}
+    frames[IDENTS[5].peer_id] = _recode(frames[IDENTS[0].peer_id], IDENTS[5], lambda v: v)  # a copy
+    dec = _round(frames)
+    want = Guard(CFG.robust, PLANS).judge(dec)[0]
+
+    def no_blas(*a: object, **k: object) -> None:
+        raise AssertionError("np.dot called while judging a round")
+
+    monkeypatch.setattr(np, "dot", no_blas)
+    got = Guard(CFG.robust, PLANS).judge(dec)[0]
+    assert got.keep == want.keep and got.scales == want.scales and got.flagged == want.flagged
+    assert got.flagged  # the copy was seen
+    norms = robust.packet_norms(dec.flats)
+    v = dec.flats[0].val.astype(np.float64)
+    assert abs(norms[0] - float(np.sqrt((v * v).sum()))) <= 1e-12 * norms[0]

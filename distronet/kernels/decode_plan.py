@@ -25,7 +25,7 @@ __all__ = ["SMALL_COEFFICIENTS", "BatchPlan", "invert", "plan_batch"]
 
 SMALL_COEFFICIENTS = 1 << 20
 """Tensors of at most this many coefficients are small: chunk order, inverted by block shape
-(and :func:`decode.choose_method`'s threshold between its two sparse limits)."""
+(the sparse inverse's own size bound is :data:`decode_sparse.SPARSE_SMALL_COEFFICIENTS`)."""
 
 
 @dataclass(frozen=True)

@@ -25,24 +25,28 @@ import torch
 
 from distronet.kernels.coding_payload import FlatPayload
 from distronet.kernels.dct import dct_basis, tensor_from_blocks
-from distronet.kernels.decode_plan import SMALL_COEFFICIENTS, BatchPlan
+from distronet.kernels.decode_plan import BatchPlan
 from distronet.kernels.layout import ChunkLayout
 
-__all__ = ["sparse_blocks", "sparse_limit", "sparse_tensors"]
+__all__ = ["SPARSE_SMALL_COEFFICIENTS", "sparse_blocks", "sparse_limit", "sparse_tensors"]
 
 SPARSE_MAX_K_BIG = 1 / 16
 SPARSE_MAX_K_SMALL = 1 / 2
+SPARSE_SMALL_COEFFICIENTS = 1 << 22
 """The sparse inverse is taken while the total ``K`` per chunk is at most ``SPARSE_MAX_K_SMALL *
-bc`` for tensors of at most ``SMALL_COEFFICIENTS`` coefficients and ``SPARSE_MAX_K_BIG * bc``
-above. Measured on CPU (AMD EPYC, 1 thread, chunk 64, the 212 chunks of the built-in GPT's
+bc`` for tensors of at most ``SPARSE_SMALL_COEFFICIENTS`` coefficients and ``SPARSE_MAX_K_BIG *
+bc`` above. Measured on CPU (AMD EPYC, 1 thread, chunk 64, the 212 chunks of the built-in GPT's
 matrices): the batched product takes 0.23 ms at K = 4, 0.41 at K = 16, 0.74 at K = 32 and 1.7 at
-K = 64, the dense inverse 3.3 ms at any K. On 4096 x 4096 both are memory-bound, equal at K = 4,
-dense ahead from K = 32."""
+K = 64, the dense inverse 3.3 ms at any K. Machine D (docs/benchmarks.md, 2 threads, K = 32,
+one part): sparse against dense 2.1 / 3.3 ms at 8192 x 256, 5.2 / 9.8 at 16384 x 256 (2^22
+coefficients), 3.9 / 8.8 at 2048 x 2048, but 31.4 / 24.6 at 8192 x 1024 and 76 / 62 at
+4096 x 4096, where both are memory-bound (equal at K = 4, dense ahead from K = 32). The bound
+was 2^20 coefficients until 2^22 measured faster sparse (decisions/codec-in-step.md)."""
 
 
 def sparse_limit(layout: ChunkLayout) -> int:
     """The largest summed ``K`` per chunk that :func:`decode.choose_method` inverts sparsely."""
-    small = layout.n_coefficients <= SMALL_COEFFICIENTS
+    small = layout.n_coefficients <= SPARSE_SMALL_COEFFICIENTS
     return int((SPARSE_MAX_K_SMALL if small else SPARSE_MAX_K_BIG) * layout.block[-1])
 
 

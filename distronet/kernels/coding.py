@@ -160,6 +160,24 @@ def warm() -> bool:
     from distronet.kernels.coding_jit_sum import pack  # coding_bits.pack_bits
 
     pack(np.array([5, 1], dtype=np.int64), np.array([3, 40], dtype=np.int64), np.empty(6, np.uint8))
+    from distronet.kernels.coding_bucket import _tables
+    from distronet.kernels.coding_jit_index import plan  # coding_batch._entropy (ENTROPY indices)
+
+    two = np.array([[0, 3], [1, 2], [0, 5]], dtype=np.int64)
+    ranks = np.stack([table, table])
+    flags, order = np.empty(1, np.bool_), np.empty_like(two)
+    plan(
+        two,
+        np.array([0, 3]),
+        ranks,
+        6,
+        512,
+        *_tables(6),
+        np.empty(1, np.int64),
+        flags,
+        np.empty_like(two),
+        order,
+    )
     from distronet.kernels.topk_jit import select  # the compiled top-k (topk._select_compiled)
 
     y = np.arange(64, dtype=np.float32)

@@ -24,6 +24,7 @@ Cost: O(coefficients) numpy work in a few dozen operations per group, plus ~10 s
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ from distronet.kernels.coding_index import (
 )
 from distronet.kernels.coding_payload import _scale_parts_of, frame_head
 from distronet.kernels.coding_values import ValueCoding, quantise
+from distronet.kernels.jit_state import use_jit
 from distronet.protocol.errors import KernelError
 
 __all__ = ["CodingGroup", "encode_batch", "encode_groups"]
@@ -118,10 +120,61 @@ def _gaps(ranks: np.ndarray) -> np.ndarray:
     return out
 
 
+_PLAN_MAX_K = 256
+"""The compiled planner serves k up to this (its work arrays grow with k); larger k plan in numpy."""
+
+
 def _entropy(
     idx: np.ndarray, cn: int, start: np.ndarray
 ) -> tuple[list[RankMap | None], np.ndarray, np.ndarray | None]:
-    """Batched ``encode_indices`` (ENTROPY, k < cn): (rank map per tensor, gaps, wire order or None)."""
+    """Batched ``encode_indices`` (ENTROPY, k < cn): (rank map per tensor, gaps, wire order or
+    None). Once the compiled kernels are warm, :func:`coding_jit_index.plan` (the same choices
+    and arrays, one loop per tensor: ~2x faster on the Llama set); else :func:`_entropy_numpy`."""
+    if not use_jit() or idx.shape[1] > _PLAN_MAX_K:
+        return _entropy_numpy(idx, cn, start)
+    from distronet.kernels.coding_jit_index import plan
+
+    t = start.size - 1
+    bmax = fixed_width(cn)
+    maps = [RankMap.IDENTITY]
+    if square_side(cn) is not None:
+        maps += [RankMap.TRANSPOSE, RankMap.DIAGONAL]
+    orders, costs = _tables(bmax)
+    choice = np.empty(t, dtype=np.int64)
+    fallback = np.empty(t, dtype=np.bool_)
+    gaps = np.empty(idx.shape, dtype=np.int64)
+    order = np.empty(idx.shape, dtype=np.int64)
+    tables = _rank_stack(cn, len(maps))
+    plan(
+        np.ascontiguousarray(idx),
+        start,
+        tables,
+        bmax,
+        _SAMPLE_CHUNKS,
+        orders,
+        costs,
+        choice,
+        fallback,
+        gaps,
+        order,
+    )
+    rank_map: list[RankMap | None] = [
+        RankMap.FALLBACK if fb else maps[c] for fb, c in zip(fallback.tolist(), choice.tolist(), strict=True)
+    ]
+    return rank_map, gaps, order if choice.any() else None
+
+
+@functools.lru_cache(maxsize=16)
+def _rank_stack(cn: int, n_maps: int) -> np.ndarray:
+    """Each candidate map's rank of every position, int64 ``(n_maps, cn)`` (do not modify)."""
+    maps = [RankMap.IDENTITY, RankMap.TRANSPOSE, RankMap.DIAGONAL][:n_maps]
+    return np.ascontiguousarray(np.stack([rank_tables(cn, m)[0] for m in maps]))
+
+
+def _entropy_numpy(
+    idx: np.ndarray, cn: int, start: np.ndarray
+) -> tuple[list[RankMap | None], np.ndarray, np.ndarray | None]:
+    """:func:`_entropy` by whole-array numpy passes (before the compiled code is warm)."""
     t, k = start.size - 1, idx.shape[1]
     n_t = np.diff(start)
     seg_rows = np.repeat(np.arange(t), n_t)

@@ -112,3 +112,57 @@ def test_a_repeated_id_and_non_finite_values_are_refused() -> None:
     )
     with pytest.raises(KernelError, match="NaN"):
         encode_groups([nan])
+
+
+def _index_sets(rng: np.random.Generator) -> list[tuple[np.ndarray, int, np.ndarray]]:
+    """ENTROPY groups of every kind the planner meets: square and other chunks, k from 1 up,
+    tensors sampled whole (under 1,024 chunks) and strided, low-frequency clusters (a rank map
+    wins), uniform positions (FALLBACK), a chunk with k = chunk - 1."""
+    sets = []
+    for cn, k, rows, low in [
+        (4096, 32, [784], False),
+        (4096, 32, [16, 176, 48, 1200, 3], True),
+        (4096, 1, [40, 7], True),
+        (64, 4, [300, 2000], True),
+        (64, 63, [5, 9], False),
+        (2304, 16, [129, 1500], True),
+        (100, 7, [50], False),
+        (49, 3, [1, 1, 1], True),
+        (4096, 300, [20], True),
+    ]:
+        start = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+        span = min(cn, 4 * k) if low else cn
+        idx = np.sort(
+            np.stack([rng.choice(span, size=k, replace=False) for _ in range(int(start[-1]))]), axis=1
+        )
+        sets.append((idx.astype(np.int64), cn, start))
+    # anti-diagonal clusters (u + v small: DIAGONAL wins), then one uniform index a chunk (FALLBACK)
+    tri = np.array([p for p in range(4096) if p // 64 + p % 64 < 12])
+    diag = np.sort(np.stack([rng.choice(tri, size=32, replace=False) for _ in range(50)]), axis=1)
+    one = np.sort(rng.choice(4096, size=(60, 1)), axis=1)
+    sets.append((np.concatenate([diag, diag[:7]]).astype(np.int64), 4096, np.array([0, 50, 57])))
+    sets.append((one.astype(np.int64), 4096, np.array([0, 60])))
+    return sets
+
+
+def test_the_compiled_planner_makes_the_numpy_passes_choices() -> None:
+    """``_entropy`` once warm (``coding_jit_index.plan``) gives what ``_entropy_numpy`` gives:
+    the same rank map per tensor, the same gaps in every non-FALLBACK row, the same wire order."""
+    from distronet.kernels import coding_batch
+    from distronet.kernels.coding import warm
+
+    assert warm()
+    seen = set()
+    for idx, cn, start in _index_sets(np.random.default_rng(3)):
+        got = coding_batch._entropy(idx, cn, start)
+        want = coding_batch._entropy_numpy(idx, cn, start)
+        assert got[0] == want[0], (cn, idx.shape)
+        seen |= set(want[0])
+        for t, rm in enumerate(want[0]):
+            if rm is not RankMap.FALLBACK:
+                rows = slice(int(start[t]), int(start[t + 1]))
+                np.testing.assert_array_equal(got[1][rows], want[1][rows])
+        assert (got[2] is None) == (want[2] is None)
+        if want[2] is not None:
+            np.testing.assert_array_equal(got[2], want[2])
+    assert seen == set(RankMap)  # every map, FALLBACK included, was chosen somewhere

@@ -1,0 +1,195 @@
+"""Compiled ENTROPY index planning (numba): ``coding_batch._entropy`` as one loop per tensor.
+
+:func:`plan` makes the choices :func:`coding_batch._entropy_numpy` makes with some twenty
+whole-array numpy passes per group (rank tables gathered, sorted, differenced, bucketed,
+histogrammed per tensor, each histogram costed under every bucket-code parameter pair), and the
+same outputs, exactly: per tensor the rank map of least estimated cost on the sampled chunks (the
+first of equal costs, as ``np.argmin``), whether the tensor falls back to a fixed-width body,
+and per chunk the gaps of its sorted ranks and the order that sorts them. Equality with the
+numpy path is tested on random and adversarial index sets (``test_coding_batch.py``).
+
+Called with arrays the caller built and checked; it never raises. ``numba`` is optional
+(``coding_jit_sum.HAVE_JIT``); without it the numpy path runs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from distronet.kernels.coding_jit_sum import compiled
+
+__all__ = ["plan"]
+
+_MAGIC = np.uint64(0x03F79D71B4CB0A89)  # a de Bruijn sequence: (2**i * _MAGIC) >> 58 differs for each i < 64
+
+
+def _debruijn() -> np.ndarray:
+    out = np.zeros(64, dtype=np.int64)
+    for i in range(64):
+        out[((1 << i) * int(_MAGIC) % (1 << 64)) >> 58] = i
+    return out
+
+
+_DEBRUIJN = _debruijn()  # the bit position of a power of two, by (x * _MAGIC) >> 58
+_BITLEN = np.array([v.bit_length() for v in range(1 << 15)], dtype=np.int64)
+"""bitlen of every gap (``coding_bucket.buckets_of``; gaps are below ``MAX_CHUNK_NUMEL``): a load
+where a shift loop per gap cost a third of the planner's time."""
+
+
+@compiled
+def _best(hist: np.ndarray, orders: np.ndarray, costs: np.ndarray, bmax: int) -> int:
+    """``coding_bucket.best_params(...)[0]`` of a bucket histogram: the least field + escape
+    bits over every ``(b0, w)``, plus the mantissas' bits."""
+    best = -1
+    for b0 in range(bmax + 1):
+        for w in range(costs.shape[0]):
+            s = 0
+            for r in range(bmax + 1):
+                s += hist[orders[b0, r]] * costs[w, r]
+            if best < 0 or s < best:
+                best = s
+    for b in range(2, bmax + 1):
+        best += hist[b] * (b - 1)
+    return best
+
+
+@compiled
+def _row(
+    idx: np.ndarray, r0: int, tables: np.ndarray, m: int, key: np.ndarray, bits: np.ndarray,
+    where: np.ndarray, gaps: np.ndarray, order: np.ndarray, r1: int, ha: np.ndarray, hb: np.ndarray,
+) -> None:  # fmt: skip
+    """Chunk ``idx[r0]``: its ranks under ``tables[m]`` sorted (``m == 0``: the identity map,
+    whose ranks are the ascending indices; chunks of up to ``64 * len(bits)`` positions by a
+    bitmap, ``bits`` uint64 all zero on entry and exit and ``where`` int64 ``(cn,)`` work; larger
+    ones by sorting ``key``, ``rank * k + position``, as the numpy path sorts), their gaps into
+    ``gaps[r1]`` and sorting order into ``order[r1]``, and the gaps' buckets counted into
+    ``ha[m]`` (the first) and ``hb[m]`` (the others). Whole arrays and indices, not row views:
+    a view passed to a compiled helper costs reference-count updates on every call."""
+    k = idx.shape[1]
+    if m == 0:
+        prev = -1
+        for j in range(k):
+            r = idx[r0, j]
+            g = r - prev - 1
+            prev = r
+            gaps[r1, j] = g
+            order[r1, j] = j
+            if j == 0:
+                ha[m, _BITLEN[g]] += 1
+            else:
+                hb[m, _BITLEN[g]] += 1
+        return
+    if bits.shape[0] * 64 >= tables.shape[1]:  # ranks unique and < 64 * words: a bitmap sorts them
+        for j in range(k):
+            r = tables[m, idx[r0, j]]
+            bits[r >> 6] |= np.uint64(1) << np.uint64(r & 63)
+            where[r] = j
+        prev, j = -1, 0
+        for w in range(bits.shape[0]):
+            x = bits[w]
+            while x != 0:
+                low = x & (~x + np.uint64(1))
+                r = w * 64 + _DEBRUIJN[(low * _MAGIC) >> np.uint64(58)]
+                x ^= low
+                g = r - prev - 1
+                prev = r
+                gaps[r1, j] = g
+                order[r1, j] = where[r]
+                if j == 0:
+                    ha[m, _BITLEN[g]] += 1
+                else:
+                    hb[m, _BITLEN[g]] += 1
+                j += 1
+            bits[w] = 0
+        return
+    for j in range(k):
+        key[j] = tables[m, idx[r0, j]] * k + j
+    if k <= 64:
+        for j in range(1, k):
+            v = key[j]
+            i = j - 1
+            while i >= 0 and key[i] > v:
+                key[i + 1] = key[i]
+                i -= 1
+            key[i + 1] = v
+    else:
+        key[:k] = np.sort(key[:k])
+    prev = -1
+    for j in range(k):
+        r = key[j] // k
+        g = r - prev - 1
+        prev = r
+        gaps[r1, j] = g
+        order[r1, j] = key[j] % k
+        if j == 0:
+            ha[m, _BITLEN[g]] += 1
+        else:
+            hb[m, _BITLEN[g]] += 1
+
+
+@compiled
+def plan(
+    idx: np.ndarray, start: np.ndarray, tables: np.ndarray, bmax: int, sample: int, orders: np.ndarray,
+    costs: np.ndarray, choice: np.ndarray, fallback: np.ndarray, gaps: np.ndarray, order: np.ndarray,
+) -> None:  # fmt: skip
+    """Rank maps, fallbacks, gaps and wire orders of the ENTROPY tensors of one group.
+
+    ``idx`` int64 ``(N, k)``, each row ascending; tensor ``t`` owns rows ``start[t]`` to
+    ``start[t + 1] - 1``. ``tables`` int64 ``(M, cn)``: rank of each position under each
+    candidate map (``M`` = 1 or 3, row 0 the identity); ``orders``/``costs`` the bucket code's
+    tables (``coding_bucket._tables(bmax)``). Writes ``choice[t]`` (the map's row in
+    ``tables``), ``fallback[t]`` (where the gaps would cost at least the fixed width), and for
+    every row its gaps and order (``order`` is ``0..k-1`` in a fallback tensor's rows). Where the
+    sample is every chunk (under ``2 * sample`` of them) the chosen map's sample pass is kept,
+    not repeated (work: ``3 * min(N, 2 * sample) * k`` int64 twice).
+    """
+    n_rows, k = idx.shape
+    nm = tables.shape[0]
+    nb = bmax + 1
+    key = np.empty(k, dtype=np.int64)
+    bits = np.zeros(64, dtype=np.uint64)
+    where = np.empty(tables.shape[1], dtype=np.int64)
+    held = min(n_rows, 2 * sample) if nm > 1 else 1  # a tensor sampled whole has under 2 * sample rows
+    gw = np.empty((nm, held, k), dtype=np.int64)
+    ow = np.empty_like(gw)
+    ha = np.zeros((nm, nb), dtype=np.int64)
+    hb = np.zeros((nm, nb), dtype=np.int64)
+    for t in range(start.shape[0] - 1):
+        s0, s1 = start[t], start[t + 1]
+        n = s1 - s0
+        best_m, best_cost = 0, -1
+        whole = False
+        if nm > 1:
+            stride = max(1, n // sample)
+            whole = stride == 1
+            count = (n + stride - 1) // stride
+            for m in range(nm):
+                ha[m, :] = 0
+                hb[m, :] = 0
+                for s in range(count):
+                    r = s0 + s * stride
+                    w = r - s0 if whole else 0
+                    _row(idx, r, tables, m, key, bits, where, gw[m], ow[m], w, ha, hb)
+                cost = _best(ha[m], orders, costs, bmax)
+                if k > 1:
+                    cost += _best(hb[m], orders, costs, bmax)
+                if best_cost < 0 or cost < best_cost:
+                    best_m, best_cost = m, cost
+        choice[t] = best_m
+        if whole:  # the sample was the tensor: its histograms, gaps and orders are done
+            for r in range(s0, s1):
+                gaps[r, :] = gw[best_m, r - s0]
+                order[r, :] = ow[best_m, r - s0]
+        else:
+            ha[best_m, :] = 0
+            hb[best_m, :] = 0
+            for r in range(s0, s1):
+                _row(idx, r, tables, best_m, key, bits, where, gaps, order, r, ha, hb)
+        cost = _best(ha[best_m], orders, costs, bmax)
+        if k > 1:
+            cost += _best(hb[best_m], orders, costs, bmax)
+        fallback[t] = cost >= n * k * bmax
+        if fallback[t]:
+            for r in range(s0, s1):
+                for j in range(k):
+                    order[r, j] = j

@@ -136,15 +136,13 @@ def _entropy(
 
     t = start.size - 1
     bmax = fixed_width(cn)
-    maps = [RankMap.IDENTITY]
-    if square_side(cn) is not None:
-        maps += [RankMap.TRANSPOSE, RankMap.DIAGONAL]
+    maps = _candidate_maps(cn)
     orders, costs = _tables(bmax)
     choice = np.empty(t, dtype=np.int64)
     fallback = np.empty(t, dtype=np.bool_)
     gaps = np.empty(idx.shape, dtype=np.int64)
     order = np.empty(idx.shape, dtype=np.int64)
-    tables = _rank_stack(cn, len(maps))
+    tables = _rank_stack(cn)
     plan(
         np.ascontiguousarray(idx),
         start,
@@ -164,11 +162,15 @@ def _entropy(
     return rank_map, gaps, order if choice.any() else None
 
 
+def _candidate_maps(cn: int) -> list[RankMap]:
+    """The rank maps ENTROPY weighs for chunks of ``cn`` (the 2-D ones need a square chunk)."""
+    return [RankMap.IDENTITY] + ([RankMap.TRANSPOSE, RankMap.DIAGONAL] if square_side(cn) is not None else [])
+
+
 @functools.lru_cache(maxsize=16)
-def _rank_stack(cn: int, n_maps: int) -> np.ndarray:
-    """Each candidate map's rank of every position, int64 ``(n_maps, cn)`` (do not modify)."""
-    maps = [RankMap.IDENTITY, RankMap.TRANSPOSE, RankMap.DIAGONAL][:n_maps]
-    return np.ascontiguousarray(np.stack([rank_tables(cn, m)[0] for m in maps]))
+def _rank_stack(cn: int) -> np.ndarray:
+    """Each candidate map's rank of every position, int64 ``(maps, cn)`` (do not modify)."""
+    return np.ascontiguousarray(np.stack([rank_tables(cn, m)[0] for m in _candidate_maps(cn)]))
 
 
 def _entropy_numpy(
@@ -179,10 +181,8 @@ def _entropy_numpy(
     n_t = np.diff(start)
     seg_rows = np.repeat(np.arange(t), n_t)
     bmax = fixed_width(cn)
-    maps = [RankMap.IDENTITY]
-    if square_side(cn) is not None:
-        maps += [RankMap.TRANSPOSE, RankMap.DIAGONAL]
-    tables = np.stack([rank_tables(cn, m)[0] for m in maps])
+    maps = _candidate_maps(cn)
+    tables = _rank_stack(cn)
     if len(maps) > 1:
         strides = np.maximum(1, n_t // _SAMPLE_CHUNKS)
         counts = -(-n_t // strides)

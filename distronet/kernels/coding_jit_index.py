@@ -20,17 +20,6 @@ from distronet.kernels.coding_jit_sum import compiled
 
 __all__ = ["plan"]
 
-_MAGIC = np.uint64(0x03F79D71B4CB0A89)  # a de Bruijn sequence: (2**i * _MAGIC) >> 58 differs for each i < 64
-
-
-def _debruijn() -> np.ndarray:
-    out = np.zeros(64, dtype=np.int64)
-    for i in range(64):
-        out[((1 << i) * int(_MAGIC) % (1 << 64)) >> 58] = i
-    return out
-
-
-_DEBRUIJN = _debruijn()  # the bit position of a power of two, by (x * _MAGIC) >> 58
 _BITLEN = np.array([v.bit_length() for v in range(1 << 15)], dtype=np.int64)
 """bitlen of every gap (``coding_bucket.buckets_of``; gaps are below ``MAX_CHUNK_NUMEL``): a load
 where a shift loop per gap cost a third of the planner's time."""
@@ -55,16 +44,13 @@ def _best(hist: np.ndarray, orders: np.ndarray, costs: np.ndarray, bmax: int) ->
 
 @compiled
 def _row(
-    idx: np.ndarray, r0: int, tables: np.ndarray, m: int, key: np.ndarray, bits: np.ndarray,
-    where: np.ndarray, gaps: np.ndarray, order: np.ndarray, r1: int, ha: np.ndarray, hb: np.ndarray,
+    idx: np.ndarray, r0: int, tables: np.ndarray, m: int, key: np.ndarray, gaps: np.ndarray,
+    order: np.ndarray, r1: int, ha: np.ndarray, hb: np.ndarray,
 ) -> None:  # fmt: skip
     """Chunk ``idx[r0]``: its ranks under ``tables[m]`` sorted (``m == 0``: the identity map,
-    whose ranks are the ascending indices; chunks of up to ``64 * len(bits)`` positions by a
-    bitmap, ``bits`` uint64 all zero on entry and exit and ``where`` int64 ``(cn,)`` work; larger
-    ones by sorting ``key``, ``rank * k + position``, as the numpy path sorts), their gaps into
-    ``gaps[r1]`` and sorting order into ``order[r1]``, and the gaps' buckets counted into
-    ``ha[m]`` (the first) and ``hb[m]`` (the others). Whole arrays and indices, not row views:
-    a view passed to a compiled helper costs reference-count updates on every call."""
+    whose ranks are the ascending indices; else ``key``, ``rank * k + position``, sorted as the
+    numpy path sorts), their gaps into ``gaps[r1]`` and sorting order into ``order[r1]``, and the
+    gaps' buckets counted into ``ha[m]`` (the first) and ``hb[m]`` (the others)."""
     k = idx.shape[1]
     if m == 0:
         prev = -1
@@ -78,29 +64,6 @@ def _row(
                 ha[m, _BITLEN[g]] += 1
             else:
                 hb[m, _BITLEN[g]] += 1
-        return
-    if bits.shape[0] * 64 >= tables.shape[1]:  # ranks unique and < 64 * words: a bitmap sorts them
-        for j in range(k):
-            r = tables[m, idx[r0, j]]
-            bits[r >> 6] |= np.uint64(1) << np.uint64(r & 63)
-            where[r] = j
-        prev, j = -1, 0
-        for w in range(bits.shape[0]):
-            x = bits[w]
-            while x != 0:
-                low = x & (~x + np.uint64(1))
-                r = w * 64 + _DEBRUIJN[(low * _MAGIC) >> np.uint64(58)]
-                x ^= low
-                g = r - prev - 1
-                prev = r
-                gaps[r1, j] = g
-                order[r1, j] = where[r]
-                if j == 0:
-                    ha[m, _BITLEN[g]] += 1
-                else:
-                    hb[m, _BITLEN[g]] += 1
-                j += 1
-            bits[w] = 0
         return
     for j in range(k):
         key[j] = tables[m, idx[r0, j]] * k + j
@@ -147,8 +110,6 @@ def plan(
     nm = tables.shape[0]
     nb = bmax + 1
     key = np.empty(k, dtype=np.int64)
-    bits = np.zeros(64, dtype=np.uint64)
-    where = np.empty(tables.shape[1], dtype=np.int64)
     held = min(n_rows, 2 * sample) if nm > 1 else 1  # a tensor sampled whole has under 2 * sample rows
     gw = np.empty((nm, held, k), dtype=np.int64)
     ow = np.empty_like(gw)
@@ -169,7 +130,7 @@ def plan(
                 for s in range(count):
                     r = s0 + s * stride
                     w = r - s0 if whole else 0
-                    _row(idx, r, tables, m, key, bits, where, gw[m], ow[m], w, ha, hb)
+                    _row(idx, r, tables, m, key, gw[m], ow[m], w, ha, hb)
                 cost = _best(ha[m], orders, costs, bmax)
                 if k > 1:
                     cost += _best(hb[m], orders, costs, bmax)
@@ -184,7 +145,7 @@ def plan(
             ha[best_m, :] = 0
             hb[best_m, :] = 0
             for r in range(s0, s1):
-                _row(idx, r, tables, best_m, key, bits, where, gaps, order, r, ha, hb)
+                _row(idx, r, tables, best_m, key, gaps, order, r, ha, hb)
         cost = _best(ha[best_m], orders, costs, bmax)
         if k > 1:
             cost += _best(hb[best_m], orders, costs, bmax)

@@ -260,11 +260,7 @@ def dct_accumulate(m: torch.Tensor, x: torch.Tensor, layout: ChunkLayout, beta: 
             (gr, gc), (br, bc) = layout.grid, layout.block
             y = y.view(layout.batch, gr, br, gc, bc).permute(0, 1, 3, 2, 4)
             m = m.view(layout.batch, gr, gc, br, bc)
-        m.mul_(beta)
-        if alpha == 1.0:
-            m.add_(y)
-        else:
-            m.add_(y, alpha=alpha)
+        m.mul_(beta).add_(y, alpha=alpha)
 
 
 def idct_chunks(c: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:

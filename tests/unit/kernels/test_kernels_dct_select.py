@@ -106,3 +106,47 @@ def test_what_it_leaves_to_the_matrix_products() -> None:
     assert dct_select_compiled([torch.randn(64, 64, dtype=torch.float64)], [lay], 4) is None
     small = plan_layout((32, 32), 64)
     assert small.block != (B, B) and dct_select_compiled([torch.randn(32, 32)], [small], 4) is None
+
+
+@pytest.mark.parametrize("k", [1, 4, 32, 100, 700])
+@pytest.mark.parametrize("kind", ["ties", "few_nonzero", "all_zero", "random"])
+def test_the_transposed_selection_chooses_as_select_chunk(k: int, kind: str) -> None:
+    """dct_select selects from ``Y^T`` (topk_jit.select_transposed): the same indices, values and
+    order as select_chunk on ``Y``, ties at the threshold included (magnitudes from a few integers:
+    the lowest indices among the tied win), and chunks with fewer than ``k`` nonzero values."""
+    from distronet.kernels.topk import _jit_segment
+    from distronet.kernels.topk_jit import select_chunk, select_transposed
+
+    rng = np.random.default_rng(k)
+    cn = B * B
+    for trial in range(20):
+        if kind == "ties":
+            y = rng.integers(-3, 4, size=(B, B)).astype(np.float32)
+        elif kind == "few_nonzero":
+            y = np.zeros((B, B), dtype=np.float32)
+            y.flat[rng.choice(cn, size=max(0, k - 1 - trial % 3), replace=False)] = rng.standard_normal(
+                max(0, k - 1 - trial % 3)
+            )
+        elif kind == "all_zero":
+            y = np.zeros((B, B), dtype=np.float32)
+        else:
+            y = rng.standard_normal((B, B)).astype(np.float32)
+        g = _jit_segment(1, cn, k)
+        want_i, want_v = np.empty((1, k), np.int64), np.empty((1, k), np.float32)
+        got_i, got_v = np.empty((1, k), np.int64), np.empty((1, k), np.float32)
+        flat = y.reshape(cn)
+        work = (
+            np.empty(cn // g, np.uint32),
+            np.empty(cn, np.uint32),
+            np.empty(cn, np.int64),
+            np.empty(cn, np.uint32),
+        )
+        assert (
+            select_chunk(flat.view(np.uint32), flat, 0x7F800000, 0, cn, 1, cn, g, k, *work, want_i, want_v, 0)
+            == 0
+        )
+        yt = np.ascontiguousarray(y.T).reshape(cn)
+        sel = (np.empty(cn, np.int64), np.empty(cn, np.int64))
+        assert select_transposed(yt.view(np.uint32), yt, 0x7F800000, k, g, *work, *sel, got_i, got_v, 0) == 0
+        np.testing.assert_array_equal(got_i, want_i)
+        np.testing.assert_array_equal(got_v, want_v)

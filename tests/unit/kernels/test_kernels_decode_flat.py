@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -149,3 +150,85 @@ def test_sparse_inverse_skips_a_block_shape_some_packet_half_carries() -> None:
             if d.tensor_id == t
         ]
         torch.testing.assert_close(x, decode_sum(lay, parts, method="dense"), atol=2e-5, rtol=1e-5)
+
+
+# Small 2-D tensors of one block shape (16, 16) at three padded column counts (144 padded and
+# not, 96, 64 with a batch), of block (10, 14) with and without a batch, 1-D ones and a big one.
+DENSE_SHAPES = [
+    (7,),
+    (200,),
+    (67, 131),
+    (128, 96),
+    (48, 144),
+    (64, 64),
+    (2, 64, 64),
+    (2, 3, 20, 70),
+    (40, 70),
+    (160, 144),
+]
+
+
+def test_plan_puts_small_2d_tensors_in_spatial_runs() -> None:
+    """Small 2-D tensors: spatial order, stacked by (block shape, padded columns); every position
+    of the buffer belongs to exactly one coefficient of one tensor."""
+    layouts = tuple(plan_layout(s, 16) for s in DENSE_SHAPES)
+    plan = plan_batch(layouts)
+    seen = np.zeros(plan.size, dtype=np.int64)
+    for t, lay in enumerate(layouts):
+        idx = np.broadcast_to(np.arange(lay.chunk_numel, dtype=np.int64), (lay.n_chunks, lay.chunk_numel))
+        pos = plan.positions(t, idx)
+        assert pos.min() == plan.offset[t] and pos.max() == plan.offset[t] + lay.n_coefficients - 1
+        np.add.at(seen, pos.reshape(-1), 1)
+        assert (plan.local[t] is None) == (len(lay.block) == 1 and not plan.big[t])
+    assert (seen == 1).all()
+    for g in plan.groups:
+        if len(g.block) == 1:
+            assert g.runs == ()
+            continue
+        assert [t for r in g.runs for t in r.members] == list(g.members)
+        assert len({r.cols for r in g.runs}) == len(g.runs)
+        for r in g.runs:
+            assert {layouts[t].padded[1] for t in r.members} == {r.cols}
+            assert r.rows == sum(layouts[t].batch * layouts[t].padded[0] for t in r.members)
+            assert plan.offset[r.members[0]] == r.start
+    assert sorted(len(r.members) for g in plan.groups for r in g.runs) == [1, 2, 2, 2]
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_dense_inverse_is_bit_identical_to_decode_sum(monkeypatch: pytest.MonkeyPatch, jit: bool) -> None:
+    """Summed k too large for the sparse inverse: every tensor goes through the plan's dense
+    inverse (spatial runs for the small 2-D ones), bit for bit as decode_sum inverts it alone;
+    the results are not overwritten by a later decode_flat."""
+    assert warm()
+    if not jit:
+        monkeypatch.setattr(decode, "use_jit", lambda: False)
+    layouts = [plan_layout(s, 16) for s in DENSE_SHAPES]
+    flats = _payloads(DENSE_SHAPES, 12, 2)
+    got, took = decode.decode_flat_methods(layouts, flats)
+    assert took == ["dense"] * len(layouts)
+    kept = [x.clone() for x in got]
+    for t, (lay, x) in enumerate(zip(layouts, got, strict=True)):
+        parts = [
+            (torch.from_numpy(d.idx), torch.from_numpy(d.val))
+            for f in flats
+            for d in f.tensors()
+            if d.tensor_id == t
+        ]
+        want = decode_sum(lay, parts, dtype=torch.float32)
+        assert x.shape == lay.shape and torch.equal(x.view(torch.int32), want.view(torch.int32)), t
+    decode_flat(layouts, _payloads(DENSE_SHAPES, 12, 1))
+    for x, y in zip(got, kept, strict=True):
+        assert torch.equal(x, y)
+
+
+def test_invert_skips_done_tensors_of_a_run() -> None:
+    """``done`` tensors come back as given; the others of their run are inverted as without."""
+    layouts = tuple(plan_layout(s, 16) for s in DENSE_SHAPES)
+    plan = plan_batch(layouts)
+    buf = torch.randn(plan.size, generator=torch.Generator().manual_seed(0))
+    full = decode_plan.invert(plan, buf)
+    (run,) = [r for g in plan.groups for r in g.runs if len(r.members) == 2 and g.block == (16, 16)][:1]
+    mark = torch.zeros(layouts[run.members[0]].shape)
+    part = decode_plan.invert(plan, buf, {run.members[0]: mark})
+    for t, (x, y) in enumerate(zip(full, part, strict=True)):
+        assert y is mark if t == run.members[0] else torch.equal(x, y)

@@ -83,7 +83,13 @@ from distronet.node.models.spec import ModelSpec  # noqa: E402
 from distronet.node.optim.aggregate import round_sums  # noqa: E402
 from distronet.node.optim.config import DistroConfig, preset  # noqa: E402
 from distronet.node.optim.distro import DistroOptimizer  # noqa: E402
-from distronet.node.optim.packets import TensorPlan, build_packet, open_frames, open_round  # noqa: E402
+from distronet.node.optim.packets import (  # noqa: E402
+    TensorPlan,
+    build_packet,
+    open_frames,
+    open_round,
+    to_momentum,
+)
 from distronet.node.optim.roles import tensor_roles  # noqa: E402
 from distronet.protocol.errors import RejectCode  # noqa: E402
 from distronet.protocol.identity import Identity  # noqa: E402
@@ -602,6 +608,11 @@ def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a64 - b64).abs().max()) / scale
 
 
+def _held(plans: Sequence[TensorPlan], chunks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Chunk-order coefficients in each plan's momentum layout (what ``build_packet`` reads)."""
+    return [to_momentum(plan, c) for plan, c in zip(plans, chunks, strict=True)]
+
+
 def parity_section(args: argparse.Namespace, device: torch.device, preset_name: str) -> dict[str, Any]:
     cpu = torch.device("cpu")
     backend = TorchBackend(device)
@@ -622,8 +633,8 @@ def parity_section(args: argparse.Namespace, device: torch.device, preset_name: 
     dct_err = max(_rel_err(a, b) for a, b in zip(dev_m, cpu_m_own, strict=True))
     cpu_m = [m.cpu() for m in dev_m]  # the same momentum tensors, bit for bit
     ident = identity(0)
-    frame_dev, sent_dev = build_packet(opt.plans, dev_m, cfg, 0, ident, opt.digest)
-    frame_cpu, sent_cpu = build_packet(opt.plans, cpu_m, cfg, 0, ident, opt.digest)
+    frame_dev, sent_dev = build_packet(opt.plans, _held(opt.plans, dev_m), cfg, 0, ident, opt.digest)
+    frame_cpu, sent_cpu = build_packet(opt.plans, _held(opt.plans, cpu_m), cfg, 0, ident, opt.digest)
     same = compare_packets(opt.plans, cfg, (cpu_m, cpu_m), (frame_dev, frame_cpu), opt.digest)
     same["sent_identical"] = all(
         torch.equal(a.idx.cpu(), b.idx) and torch.equal(a.val.cpu(), b.val)
@@ -631,13 +642,13 @@ def parity_section(args: argparse.Namespace, device: torch.device, preset_name: 
     )
     same["sent_on_device"] = sorted({f"{s.idx.device.type}/{s.val.device.type}" for s in sent_dev})
     # from the gradients: each device its own DCT, then its own top-k (rounding may swap near-ties)
-    frame_own, _ = build_packet(opt.plans, cpu_m_own, cfg, 0, ident, opt.digest)
+    frame_own, _ = build_packet(opt.plans, _held(opt.plans, cpu_m_own), cfg, 0, ident, opt.digest)
     grads_path = compare_packets(
         opt.plans, cfg, (cpu_m, cpu_m_own), (frame_dev, frame_own), opt.digest, rtol=NEAR_TIE_RTOL
     )
     # decode parity: a round of two packets (the second from another peer, another momentum)
     other = [m.roll(1, dims=0) * 0.5 for m in cpu_m]
-    frame_two, _ = build_packet(opt.plans, other, cfg, 0, identity(1), opt.digest)
+    frame_two, _ = build_packet(opt.plans, _held(opt.plans, other), cfg, 0, identity(1), opt.digest)
     frames = {ident.peer_id: frame_cpu, identity(1).peer_id: frame_two}
     sums_dev = round_sums(open_round(frames, opt.plans, cfg, 0, opt.digest, device), opt.plans, device)
     sums_dev = [t.clone() for t in sums_dev]  # the CPU's sums may land in the same scratch buffer

@@ -26,6 +26,7 @@ __all__ = [
     "dct_select_compiled",
     "dct_topk",
     "segment_length",
+    "select_compiled",
     "topk_chunks",
     "topk_magnitude",
 ]
@@ -160,6 +161,14 @@ def _select_compiled(y5: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
     if any(code != OK for code in map_in_order(piece, pieces, torch.get_num_threads())):
         return None
     return torch.from_numpy(idx), torch.from_numpy(val)
+
+
+def select_compiled(y5: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The top-``k`` of every chunk of a spatial ``(b, gr, br, gc, bc)`` float32 CPU buffer, chunk
+    order (chunk ``n = (b * gr + r) * gc + c``), by the compiled selection; None where it does
+    not run (not warm, another device or dtype, a NaN): the caller then takes
+    :func:`topk_chunks` of the chunk-order coefficients, which decides what a NaN gives."""
+    return _select_compiled(y5, k)
 
 
 DCT_PIECE_CHUNKS = 64

@@ -149,7 +149,9 @@ def test_compare_packets_passes_equal_packets_and_catches_unequal_ones(
 
     def compare(inputs: tuple[torch.Tensor, torch.Tensor], sent: tuple[torch.Tensor, torch.Tensor],
                 rtol: float = 0.0) -> dict:  # fmt: skip
-        frames = tuple(gc.build_packet(plans, [x], cfg, 0, gc.identity(0), digest)[0] for x in sent)
+        frames = tuple(
+            gc.build_packet(plans, gc._held(plans, [x]), cfg, 0, gc.identity(0), digest)[0] for x in sent
+        )
         return gc.compare_packets(plans, cfg, ([inputs[0]], [inputs[1]]), frames, digest, rtol=rtol)
 
     same = compare((m, m), (m, m))

@@ -41,6 +41,7 @@ import dataclasses
 import hashlib
 import time
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -58,10 +59,13 @@ from distronet.node.optim.packets import (
     SentTensor,
     TensorPlan,
     build_packet,
+    feed_back,
     make_plans,
     momentum_buffers,
+    momentum_chunks,
     open_round,
     run_digest,
+    to_momentum,
 )
 from distronet.node.optim.provenance import Auditor
 from distronet.node.optim.roles import Role
@@ -70,7 +74,12 @@ from distronet.node.optim.verify import Guard, Verdict
 from distronet.protocol.errors import ConfigError, RejectCode
 from distronet.protocol.identity import Identity
 
-__all__ = ["DistroOptimizer", "StepReport"]
+__all__ = ["MOMENTUM_LAYOUT", "DistroOptimizer", "StepReport"]
+
+MOMENTUM_LAYOUT = 2
+"""The optimizer state's ``momentum_layout`` (a param-group key): 2 = each 2-D tensor sent top-k
+keeps its momentum in spatial coefficient order (``packets.TensorPlan.momentum_shape``); a state
+without the key (saved before) kept every momentum in chunk order."""
 
 _EMA = 0.9
 """The ``"ema"`` guess's factor: a mean over the last ~10 applied updates."""
@@ -138,7 +147,7 @@ class DistroOptimizer(torch.optim.Optimizer):
             if not p.is_floating_point():
                 raise ConfigError(f"parameter {name} is not floating point ({p.dtype})")
         self.roles = _check_roles(named, roles, cfg.update.rule)
-        super().__init__([p for _, p in named], {"lr": cfg.schedule.lr})
+        super().__init__([p for _, p in named], {"lr": cfg.schedule.lr, "momentum_layout": MOMENTUM_LAYOUT})
         self.cfg = cfg
         self.exchange = exchange
         self.identity = identity
@@ -194,6 +203,38 @@ class DistroOptimizer(torch.optim.Optimizer):
     def _momenta(self) -> list[torch.Tensor]:
         return [self.state[p]["momentum"] for p in self._params]
 
+    def momentum_chunks(self) -> list[torch.Tensor]:
+        """Each parameter's error-feedback momentum in chunk order ``(n_chunks, chunk_numel)``
+        (copies where it is kept spatial: ``packets.TensorPlan.momentum_shape``)."""
+        return [momentum_chunks(plan, m) for plan, m in zip(self.plans, self._momenta(), strict=True)]
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """``torch.optim.Optimizer.load_state_dict``, then every momentum copied into this
+        optimizer's class buffers (``packets.momentum_buffers``: the in-place selection reads
+        them). A state saved before ``momentum_layout`` 2 (every momentum in chunk order) has its
+        spatial ones moved to spatial order; a momentum of another shape is refused.
+
+        Raises:
+            ValueError: a momentum does not fit its parameter's plan.
+        """
+        super().load_state_dict(state_dict)
+        chunked = any(g.get("momentum_layout") != MOMENTUM_LAYOUT for g in self.param_groups)
+        held = momentum_buffers(self.plans, self._params)
+        for plan, p, h in zip(self.plans, self._params, held, strict=True):
+            st = self.state[p]
+            m = st.get("momentum")
+            if m is not None:
+                lay = plan.layout
+                if chunked and tuple(m.shape) == (lay.n_chunks, lay.chunk_numel):
+                    m = to_momentum(plan, m.to(h.device, torch.float32))
+                if tuple(m.shape) != tuple(h.shape):
+                    got, want = tuple(m.shape), tuple(h.shape)
+                    raise ValueError(f"momentum of {plan.name} has shape {got}, expected {want}")
+                h.copy_(m)
+            st["momentum"] = h
+        for g in self.param_groups:
+            g["momentum_layout"] = MOMENTUM_LAYOUT
+
     @torch.no_grad()
     def begin_step(self) -> None:
         """Accumulate gradients into the momentum, extract, publish this step's packet.
@@ -207,10 +248,11 @@ class DistroOptimizer(torch.optim.Optimizer):
         momenta = self._momenta()
         for plan, p, m in zip(self.plans, self._params, momenta, strict=True):
             g = p.grad if p.grad is not None else torch.zeros_like(p)
-            dct_accumulate(m, g.detach().float(), plan.layout, ex.beta, lr if ex.lr_in_momentum else 1.0)
+            alpha = lr if ex.lr_in_momentum else 1.0
+            dct_accumulate(m, g.detach().float(), plan.layout, ex.beta, alpha, spatial=plan.spatial)
         frame, sent = build_packet(self.plans, momenta, cfg, t, self.identity, self.digest)
-        for m, s in zip(momenta, sent, strict=True):
-            m.scatter_(1, s.idx, m.gather(1, s.idx) - s.val)
+        for plan, m, s in zip(self.plans, momenta, sent, strict=True):
+            feed_back(plan, m, s, -1.0)
         self._pending[t] = _Pending(sent, lr)
         self._begun = True
         self.exchange.publish(t, frame)
@@ -357,8 +399,8 @@ class DistroOptimizer(torch.optim.Optimizer):
         )
         own = self.identity.peer_id in dec.peers
         if not own and pending.sent:  # our packet did not count: give what we sent back to the momentum
-            for m, s in zip(self._momenta(), pending.sent, strict=True):
-                m.scatter_add_(1, s.idx, s.val)
+            for plan, m, s in zip(self.plans, self._momenta(), pending.sent, strict=True):
+                feed_back(plan, m, s, 1.0)
         t0 = time.perf_counter()
         verdict, gidx = self.guard.judge(dec)
         if self.auditor is not None and verdict.copies:

@@ -31,9 +31,10 @@ import torch
 from distronet.kernels.coding import FlatPayload, IndexCoding, ValueCoding, decode_payload
 from distronet.kernels.coding_batch import CodingGroup, encode_groups
 from distronet.kernels.coding_table import read_header
+from distronet.kernels.dct import chunks_from_spatial, spatial_from_chunks, spatial_index, spatial_shape
 from distronet.kernels.fanout import map_in_order
 from distronet.kernels.layout import ChunkLayout, plan_layout
-from distronet.kernels.topk import topk_chunks
+from distronet.kernels.topk import select_compiled, topk_chunks
 from distronet.node.optim.config import DistroConfig
 from distronet.protocol.errors import RejectCode, Rejected
 from distronet.protocol.identity import Identity
@@ -48,12 +49,15 @@ __all__ = [
     "SentTensor",
     "TensorPlan",
     "build_packet",
+    "feed_back",
     "make_plans",
     "momentum_buffers",
+    "momentum_chunks",
     "open_frames",
     "open_round",
     "plan_spec",
     "run_digest",
+    "to_momentum",
 ]
 
 Part = tuple[torch.Tensor, torch.Tensor]
@@ -72,6 +76,20 @@ class TensorPlan:
     def k(self, k: int) -> int:
         """Coefficients per chunk sent when the run's k is ``k``."""
         return self.layout.chunk_numel if self.dense else min(k, self.layout.chunk_numel)
+
+    @property
+    def spatial(self) -> bool:
+        """Whether its momentum is kept in spatial coefficient order (2-D blocks, top-k), not in
+        chunk order (1-D blocks, or sent dense): :func:`momentum_shape`."""
+        return len(self.layout.block) == 2 and not self.dense
+
+    @property
+    def momentum_shape(self) -> tuple[int, int]:
+        """Its momentum's shape: spatial ``(batch * padded rows, padded cols)`` (``spatial``),
+        else ``(n_chunks, chunk_numel)``."""
+        if self.spatial:
+            return spatial_shape(self.layout)
+        return self.layout.n_chunks, self.layout.chunk_numel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,31 +239,76 @@ def run_digest(plans: Sequence[TensorPlan]) -> bytes:
 
 
 def momentum_buffers(plans: Sequence[TensorPlan], params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Zeroed float32 momenta ``(n_chunks, chunk_numel)``, one per plan, in plan order: the
-    momenta of one ``(chunk_numel, dense, device)`` class are consecutive views of one buffer, in
-    plan order, so :func:`build_packet` selects a class's top-k straight from that buffer instead
-    of stacking a copy of it every step (the Llama set: one 21 MB copy a step)."""
-    by: dict[tuple[int, bool, torch.device], list[int]] = {}
+    """Zeroed float32 momenta, one per plan (``plan.momentum_shape``), in plan order.
+
+    A 2-D tensor sent top-k keeps its momentum in SPATIAL coefficient order (``plan.spatial``):
+    the momentum update is then one product that scales and adds in place
+    (``dct.dct_accumulate(..., spatial=True)``), and the compiled selection reads a chunk where it
+    lies. Others keep chunk order ``(n_chunks, chunk_numel)`` (for 1-D blocks the two coincide).
+
+    The momenta of one class (``_momentum_class``: chunk size, dense, device, and for spatial
+    ones the padded column count) are consecutive views of one buffer, in plan order, so
+    :func:`build_packet` selects a class's top-k straight from that buffer instead of stacking a
+    copy of it every step (the Llama set: one 21 MB copy a step)."""
+    by: dict[tuple[int, bool, torch.device, int], list[int]] = {}
     for i, (plan, p) in enumerate(zip(plans, params, strict=True)):
-        by.setdefault((plan.layout.chunk_numel, plan.dense, p.device), []).append(i)
+        by.setdefault(_momentum_class(plan, p.device), []).append(i)
     out: list[torch.Tensor | None] = [None] * len(plans)
-    for (cn, _dense, dev), members in by.items():
-        flat = torch.zeros(
-            sum(plans[i].layout.n_chunks for i in members) * cn, dtype=torch.float32, device=dev
-        )
+    for (_cn, _dense, dev, _cols), members in by.items():
+        size = sum(plans[i].layout.n_coefficients for i in members)
+        flat = torch.zeros(size, dtype=torch.float32, device=dev)
         at = 0
         for i in members:
-            n = plans[i].layout.n_chunks * cn
-            out[i] = flat[at : at + n].view(-1, cn)
+            n = plans[i].layout.n_coefficients
+            out[i] = flat[at : at + n].view(plans[i].momentum_shape)
             at += n
     return [m for m in out if m is not None]
 
 
-def _stacked(ms: Sequence[torch.Tensor], cn: int) -> torch.Tensor:
-    """``torch.cat`` of the ``(n_i, cn)`` tensors ``ms``, or a view of them where they already lie
-    one after another in one storage (:func:`momentum_buffers`)."""
+def _momentum_class(plan: TensorPlan, device: torch.device) -> tuple[int, bool, torch.device, int]:
+    return plan.layout.chunk_numel, plan.dense, device, plan.layout.padded[1] if plan.spatial else 0
+
+
+def to_momentum(plan: TensorPlan, c: torch.Tensor) -> torch.Tensor:
+    """Chunk-order coefficients ``(n_chunks, chunk_numel)`` in ``plan``'s momentum layout (a copy
+    for a spatial one, else ``c`` itself)."""
+    if not plan.spatial:
+        return c
+    return spatial_from_chunks(c, plan.layout).reshape(plan.momentum_shape)
+
+
+def momentum_chunks(plan: TensorPlan, m: torch.Tensor) -> torch.Tensor:
+    """``plan``'s momentum ``m`` in chunk order ``(n_chunks, chunk_numel)`` (a copy for a spatial
+    one, else ``m`` itself): the inverse of :func:`to_momentum`."""
+    if not plan.spatial:
+        return m
+    lay = plan.layout
+    return chunks_from_spatial(m.view(lay.batch, *lay.padded), lay)
+
+
+def feed_back(plan: TensorPlan, m: torch.Tensor, sent: SentTensor, sign: float) -> None:
+    """``m[sent.idx] += sign * sent.val`` in place (``sign`` -1: what was sent leaves the momentum,
+    exact error feedback; +1: it comes back when the packet did not count), chunk-order indices
+    placed in ``plan``'s momentum layout."""
+    if not plan.spatial:
+        if sign < 0:
+            m.scatter_(1, sent.idx, m.gather(1, sent.idx) - sent.val)
+        else:
+            m.scatter_add_(1, sent.idx, sent.val)
+        return
+    pos = spatial_index(sent.idx, plan.layout).reshape(-1)
+    flat, val = m.view(-1), sent.val.reshape(-1)
+    if sign < 0:
+        flat.scatter_(0, pos, flat.gather(0, pos) - val)
+    else:
+        flat.scatter_add_(0, pos, val)
+
+
+def _stacked(ms: Sequence[torch.Tensor], width: int) -> torch.Tensor:
+    """``torch.cat`` of the ``(n_i, width)`` tensors ``ms`` along rows, or a view of them where they
+    already lie one after another in one storage (:func:`momentum_buffers`)."""
     if len(ms) == 1:
-        return ms[0]
+        return ms[0].reshape(-1, width)
     first = ms[0]
     at = first.storage_offset()
     for m in ms:
@@ -254,9 +317,26 @@ def _stacked(ms: Sequence[torch.Tensor], cn: int) -> torch.Tensor:
             or m.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
             or m.storage_offset() != at
         ):
-            return torch.cat([m.reshape(-1, cn) for m in ms])
+            return torch.cat([m.reshape(-1, width) for m in ms])
         at += m.numel()
-    return first.as_strided((sum(int(m.shape[0]) for m in ms), cn), (cn, 1))
+    return first.as_strided((sum(m.numel() for m in ms) // width, width), (width, 1))
+
+
+def _select_class(
+    c: torch.Tensor, block: tuple[int, ...], spatial: bool, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-``k`` of every chunk of a class's stacked momenta ``c``: chunk order ``(N, cn)``, or
+    spatial ``(rows, cols)`` (blocks ``block``, tensors stacked along rows, so its chunks in
+    order are the members' chunks, member after member)."""
+    if not spatial:
+        return topk_chunks(c, k)
+    (br, bc), (rows, cols) = block, c.shape
+    y5 = c.view(1, rows // br, br, cols // bc, bc)
+    fast = select_compiled(y5, k)
+    if fast is not None:
+        return fast
+    n = rows // br * (cols // bc)
+    return topk_chunks(y5.permute(0, 1, 3, 2, 4).reshape(n, br * bc), k)
 
 
 def build_packet(
@@ -269,28 +349,35 @@ def build_packet(
 ) -> tuple[bytes, list[SentTensor]]:
     """Extract, code and seal this peer's packet for ``step``.
 
-    ``momenta[i]`` is plan i's coefficient-space momentum ``(n_chunks, chunk_numel)``; it is not
-    modified. Returns the sealed frame and, per tensor, what was sent (dequantised).
+    ``momenta[i]`` is plan i's coefficient-space momentum in its layout (``plan.momentum_shape``:
+    spatial for 2-D tensors sent top-k, chunk order else; :func:`to_momentum` converts chunk-order
+    coefficients); it is not modified. Returns the sealed frame and, per tensor, what was sent
+    (dequantised).
 
-    Batched across tensors: the momenta of every tensor of one ``(chunk_numel, k, dense)`` class
-    are stacked (one copy), so one top-k and one coding pass (``coding_batch.encode_groups``)
-    serve them all; the bytes are those of coding tensor by tensor (``encode_tensor`` +
+    Batched across tensors: the momenta of every tensor of one ``(chunk_numel, k, dense, padded
+    cols)`` class are stacked (a view where they share a buffer, else one copy), so one top-k and
+    one coding pass (``coding_batch.encode_groups``) serve them all; the bytes are those of coding
+    tensor by tensor (``encode_tensor`` +
     ``encode_payload``), and ``test_optim_packets`` holds the two equal.
     """
     ex, k_now = cfg.extraction, cfg.extraction.k_at(step)
-    by_class: dict[tuple[int, int, bool], list[int]] = {}
+    by_class: dict[tuple[int, int, bool, int], list[int]] = {}
     for i, plan in enumerate(plans):
-        by_class.setdefault((plan.layout.chunk_numel, plan.k(k_now), plan.dense), []).append(i)
+        if tuple(momenta[i].shape) != plan.momentum_shape:
+            got = tuple(momenta[i].shape)
+            raise ValueError(f"momentum {i} has shape {got}, its plan {plan.momentum_shape}")
+        cols = plan.momentum_shape[1] if plan.spatial else 0
+        by_class.setdefault((plan.layout.chunk_numel, plan.k(k_now), plan.dense, cols), []).append(i)
     groups: list[CodingGroup] = []
     picked: list[tuple[list[int], torch.Tensor, torch.Tensor]] = []
-    for (cn, k, dense), members in by_class.items():
+    for (cn, k, dense, cols), members in by_class.items():
         ms = [momenta[i] for i in members]
-        c = _stacked(ms, cn)
+        c = _stacked(ms, cols or cn)
         if dense:
             idx = torch.arange(k, dtype=torch.int64, device=c.device).expand(c.shape[0], k)
             val = c
         else:
-            idx, val = topk_chunks(c, k)
+            idx, val = _select_class(c, plans[members[0]].layout.block, cols > 0, k)
         groups.append(
             CodingGroup(
                 tuple(plans[i].tensor_id for i in members),

@@ -140,3 +140,34 @@ def test_dct_accumulate_checks_the_momentum_shape() -> None:
     lay = plan_layout((64, 64), 16)
     with pytest.raises(KernelError, match="momentum"):
         dct_accumulate(torch.zeros(lay.n_chunks + 1, lay.chunk_numel), torch.zeros(64, 64), lay, 0.9, 1.0)
+
+
+@pytest.mark.parametrize("shape", [s for s in SHAPES if len(s) >= 2])
+@pytest.mark.parametrize("alpha", [1.0, 0.03])
+def test_dct_accumulate_spatial_is_the_chunk_order_update(shape: tuple[int, ...], alpha: float) -> None:
+    """A momentum kept in spatial order (``spatial=True``: the update folded into the second
+    product) holds, chunk by chunk, ``beta * m + alpha * c`` as the chunk-order update does."""
+    from distronet.kernels.dct import chunks_from_spatial, spatial_from_chunks, spatial_shape
+
+    g = torch.Generator().manual_seed(len(shape) + int(alpha * 100))
+    lay = plan_layout(shape, 16)
+    x = torch.randn(shape, generator=g)
+    m = torch.randn(lay.n_chunks, lay.chunk_numel, generator=g)
+    ms = spatial_from_chunks(m, lay).reshape(spatial_shape(lay)).contiguous()
+    dct_accumulate(m, x, lay, 0.9, alpha)
+    dct_accumulate(ms, x, lay, 0.9, alpha, spatial=True)
+    got = chunks_from_spatial(ms.view(lay.batch, *lay.padded), lay)
+    torch.testing.assert_close(got, m, rtol=0, atol=1e-6 * float(m.abs().max()))
+
+
+def test_dct_accumulate_spatial_checks_its_shapes() -> None:
+    from distronet.kernels.dct import spatial_shape
+
+    lay = plan_layout((70, 64), 16)
+    assert spatial_shape(lay) == lay.padded and lay.batch == 1
+    with pytest.raises(KernelError, match="momentum"):
+        dct_accumulate(
+            torch.zeros(lay.n_chunks, lay.chunk_numel), torch.zeros(70, 64), lay, 0.9, 1.0, spatial=True
+        )
+    with pytest.raises(KernelError, match="2-D"):
+        dct_accumulate(torch.zeros(1, 40), torch.zeros(40), plan_layout((40,), 16), 0.9, 1.0, spatial=True)

@@ -38,7 +38,8 @@ def _frames(name: str, plans: list[packets.TensorPlan], n_peers: int) -> dict[by
             * (1 + 0.1 * torch.randn(p.layout.n_chunks, p.layout.chunk_numel, generator=g))
             for p in plans
         ]
-        frames[ident.peer_id] = packets.build_packet(plans, momenta, cfg, 3, ident, digest)[0]
+        held = [packets.to_momentum(p, m) for p, m in zip(plans, momenta, strict=True)]
+        frames[ident.peer_id] = packets.build_packet(plans, held, cfg, 3, ident, digest)[0]
     return frames
 
 

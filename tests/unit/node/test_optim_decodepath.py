@@ -33,7 +33,8 @@ def _round(name: str, n_peers: int) -> tuple[list[packets.TensorPlan], bytes, di
             * (1 + 0.1 * torch.randn(p.layout.n_chunks, p.layout.chunk_numel, generator=g))
             for p in plans
         ]
-        frames[ident.peer_id] = packets.build_packet(plans, momenta, cfg, 3, ident, digest)[0]
+        held = [packets.to_momentum(p, m) for p, m in zip(plans, momenta, strict=True)]
+        frames[ident.peer_id] = packets.build_packet(plans, held, cfg, 3, ident, digest)[0]
     return plans, digest, frames
 
 

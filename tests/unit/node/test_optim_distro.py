@@ -60,7 +60,7 @@ def test_error_feedback_is_exact(name: str) -> None:
     opt = DistroOptimizer(model.named_parameters(), cfg, ex, ident, roles=tensor_roles(model))
     params = list(model.parameters())
     for step in range(3):
-        prev = [opt.state[p]["momentum"].clone() for p in params]
+        prev = opt.momentum_chunks()  # chunk order (2-D momenta are kept spatial: copies)
         for p in params:
             p.grad = torch.randn_like(p)
         scale = 0.01 if cfg.extraction.lr_in_momentum else 1.0
@@ -76,7 +76,7 @@ def test_error_feedback_is_exact(name: str) -> None:
             sent = scatter_sum(
                 pl.layout, [(torch.from_numpy(np.asarray(t.idx)), torch.from_numpy(np.asarray(t.val)))]
             )
-            got = opt.state[params[t.tensor_id]]["momentum"] + sent
+            got = opt.momentum_chunks()[t.tensor_id] + sent
             torch.testing.assert_close(got, want[t.tensor_id], rtol=1e-6, atol=1e-6)
 
 
@@ -92,9 +92,9 @@ def test_lost_own_packet_returns_to_momentum() -> None:
         p.grad = torch.randn_like(p)
     want = [dct_chunks(p.grad, pl.layout) for p, pl in zip(model.parameters(), opt.plans, strict=False)]
     opt.step()
-    for p, b, w in zip(model.parameters(), before, want, strict=False):
+    for p, b, w, m in zip(model.parameters(), before, want, opt.momentum_chunks(), strict=False):
         assert torch.equal(p.detach(), b)  # nothing accepted: nothing applied
-        torch.testing.assert_close(opt.state[p]["momentum"], w, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(m, w, rtol=1e-6, atol=1e-6)
     assert opt.reports[-1].own_accepted is False and opt.reports[-1].accepted == ()
 
 
@@ -199,3 +199,56 @@ def test_overlap_newcomer_adopting_a_state_applies_the_round_in_flight() -> None
             assert torch.equal(a, c), t
     assert opts[2].reports[0].step == 3 and opts[2].reports[0].own_accepted is False
     assert opts[2].reports[-1].own_accepted is True
+
+
+def test_a_saved_state_loads_back_and_an_older_chunk_order_one_is_converted() -> None:
+    """``state_dict`` / ``load_state_dict`` keep every momentum (2-D ones spatial, back in the
+    class buffers the selection reads in place); a state saved before ``momentum_layout`` 2
+    (every momentum in chunk order) loads as the same momenta; a momentum of another shape is
+    refused with a ValueError."""
+    from distronet.node.optim.packets import momentum_buffers
+
+    cfg = preset("ours_k32", lr=0.01)
+
+    def net() -> nn.Module:  # two 64 x 64 matrices: one momentum class, one buffer
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 4))
+
+    model = net()
+    ident = _ident(4)
+
+    def make(m: nn.Module) -> DistroOptimizer:  # a hub of its own each: one live peer per id
+        return DistroOptimizer(
+            m.named_parameters(), cfg, MemoryHub().join(ident.peer_id), ident, roles=tensor_roles(m)
+        )
+
+    opt = make(model)
+    for _ in range(2):
+        for p in model.parameters():
+            p.grad = torch.randn_like(p)
+        opt.step()
+    want = opt.momentum_chunks()
+    assert any(p.spatial for p in opt.plans)
+    saved = opt.state_dict()
+    old = {
+        "state": {
+            i: {**st, "momentum": want[i].clone()} if "momentum" in st else dict(st)
+            for i, st in saved["state"].items()
+        },
+        "param_groups": [
+            {k: v for k, v in g.items() if k != "momentum_layout"} for g in saved["param_groups"]
+        ],
+    }
+    for state in (saved, old):
+        fresh = make(net())
+        fresh.load_state_dict(state)
+        for a, b in zip(fresh.momentum_chunks(), want, strict=True):
+            assert torch.equal(a, b)
+        held = fresh._momenta()
+        one = momentum_buffers(fresh.plans, list(fresh.param_groups[0]["params"]))
+        assert [tuple(h.shape) for h in held] == [tuple(h.shape) for h in one]
+        assert len({h.untyped_storage().data_ptr() for h in held}) < len(held)  # classes share buffers
+    bad = {**saved, "state": {**saved["state"], 0: {**saved["state"][0], "momentum": torch.zeros(3, 5)}}}
+    fresh = make(net())
+    with pytest.raises(ValueError, match="momentum"):
+        fresh.load_state_dict(bad)

@@ -44,7 +44,10 @@ def test_open_round_is_the_same_for_any_thread_count(monkeypatch: pytest.MonkeyP
     g = torch.Generator().manual_seed(0)
     frames = {}
     for i, ident in enumerate(idents):
-        momenta = [torch.randn(p.layout.n_chunks, p.layout.chunk_numel, generator=g) for p in plans]
+        momenta = [
+            packets.to_momentum(p, torch.randn(p.layout.n_chunks, p.layout.chunk_numel, generator=g))
+            for p in plans
+        ]
         frames[ident.peer_id] = packets.build_packet(plans, momenta, cfg, 7 if i != 2 else 6, ident, digest)[
             0
         ]
@@ -142,11 +145,14 @@ def test_batched_packet_bytes_equal_per_tensor_coding(name: str, model: str) -> 
             momenta.append(m)
         momenta[-1].zero_()
         want, want_sent = _per_tensor_frame(plans, momenta, cfg, step, ident, digest)
-        # the optimizer's own momenta: one buffer per class, whose top-k is read in place
+        # the optimizer's own momenta (2-D ones in spatial order): one buffer per class, whose
+        # top-k is read in place; the same momenta apart, stacked into a copy
+        loose = [packets.to_momentum(p, m) for p, m in zip(plans, momenta, strict=True)]
+        assert any(p.spatial for p in plans) and any(not p.spatial for p in plans)
         held = packets.momentum_buffers(plans, [torch.empty(0)] * len(plans))
-        for h, m in zip(held, momenta, strict=True):
+        for h, m in zip(held, loose, strict=True):
             h.copy_(m)
-        for ms in (momenta, held):
+        for ms in (loose, held):
             got, got_sent = packets.build_packet(plans, ms, cfg, step, ident, digest)
             assert got == want
             for s, (idx, deq) in zip(got_sent, want_sent, strict=True):
@@ -154,23 +160,50 @@ def test_batched_packet_bytes_equal_per_tensor_coding(name: str, model: str) -> 
 
 
 def test_a_class_of_momenta_in_one_buffer_is_read_in_place_else_stacked() -> None:
-    """``momentum_buffers`` lays each class's momenta one after another in one storage, which
-    ``_stacked`` views without a copy; momenta that are not (after a state load, say) are
-    stacked into a copy, the same values either way."""
+    """``momentum_buffers`` lays each class's momenta one after another in one storage (2-D ones
+    in spatial order, a class per padded column count), which ``_stacked`` views without a copy;
+    momenta that are not (after a state load, say) are stacked into a copy, the same values
+    either way."""
     from distronet.node.optim import packets
 
     cfg = preset("ours_k32")
-    plans = packets.make_plans([("a", (128, 128)), ("b", (40,)), ("c", (64, 64)), ("d", (128, 64))], cfg)
+    shapes = [("a", (128, 64)), ("b", (40,)), ("c", (64, 64)), ("w", (64, 128)), ("d", (130, 64))]
+    plans = packets.make_plans(shapes, cfg)
     held = packets.momentum_buffers(plans, [torch.empty(0)] * len(plans))
+    assert [tuple(h.shape) for h in held] == [(128, 64), (1, 40), (64, 64), (64, 128), (192, 64)]
+    assert [p.spatial for p in plans] == [True, False, True, True, True]
     for i, h in enumerate(held):
         h.fill_(i + 1)
-    square = [held[i] for i in (0, 2, 3)]  # the 64 x 64 chunk class, in plan order
-    cn = plans[0].layout.chunk_numel
-    assert {plans[i].layout.chunk_numel for i in (0, 2, 3)} == {cn} != {plans[1].layout.chunk_numel}
-    view = packets._stacked(square, cn)
+    narrow = [held[i] for i in (0, 2, 4)]  # the class of 64 x 64 chunks and 64 padded columns
+    view = packets._stacked(narrow, 64)
     assert view.untyped_storage().data_ptr() == held[0].untyped_storage().data_ptr()
-    loose = [h.clone() for h in square]
-    copy = packets._stacked(loose, cn)
+    assert held[3].untyped_storage().data_ptr() != held[0].untyped_storage().data_ptr()  # 128 columns
+    loose = [h.clone() for h in narrow]
+    copy = packets._stacked(loose, 64)
     assert copy.untyped_storage().data_ptr() != loose[0].untyped_storage().data_ptr()
-    assert torch.equal(view, copy) and torch.equal(view, torch.cat(square))
-    assert torch.equal(packets._stacked([square[0], square[2]], cn), torch.cat([square[0], square[2]]))
+    assert torch.equal(view, copy) and torch.equal(view, torch.cat(narrow))
+    assert torch.equal(packets._stacked([narrow[0], narrow[2]], 64), torch.cat([narrow[0], narrow[2]]))
+
+
+def test_a_momentum_round_trips_through_its_layout_and_feeds_back_exactly() -> None:
+    """``to_momentum`` / ``momentum_chunks`` are inverse; ``feed_back`` takes the sent values out
+    of (and gives them back to) the very coefficients the chunk-order indices name."""
+    from distronet.node.optim import packets
+
+    cfg = preset("ours_k32")
+    plans = packets.make_plans([("a", (130, 70)), ("b", (40,)), ("c", (2, 64, 128))], cfg)
+    g = torch.Generator().manual_seed(3)
+    for plan in plans:
+        c = torch.randn(plan.layout.n_chunks, plan.layout.chunk_numel, generator=g)
+        m = packets.to_momentum(plan, c.clone())  # (1-D: the tensor itself)
+        assert tuple(m.shape) == plan.momentum_shape
+        assert torch.equal(packets.momentum_chunks(plan, m), c)
+        idx = torch.stack([torch.randperm(plan.layout.chunk_numel, generator=g)[:5].sort().values for _ in c])
+        val = torch.gather(c, 1, idx) * 0.25
+        sent = packets.SentTensor(idx, val)
+        packets.feed_back(plan, m, sent, -1.0)
+        want = c.clone()
+        want.scatter_(1, idx, torch.gather(c, 1, idx) - val)
+        assert torch.equal(packets.momentum_chunks(plan, m), want)
+        packets.feed_back(plan, m, sent, 1.0)
+        assert torch.equal(packets.momentum_chunks(plan, m), want.scatter_add(1, idx, val))

@@ -33,7 +33,8 @@ def _honest(i: int, step: int = 3, cfg: object = CFG) -> bytes:
         + 0.5 * torch.randn(p.layout.n_chunks, p.layout.chunk_numel, generator=g)
         for p in PLANS
     ]
-    return packets.build_packet(PLANS, momenta, cfg, step, IDENTS[i], DIGEST)[0]  # type: ignore[arg-type]
+    held = [packets.to_momentum(p, m) for p, m in zip(PLANS, momenta, strict=True)]
+    return packets.build_packet(PLANS, held, cfg, step, IDENTS[i], DIGEST)[0]  # type: ignore[arg-type]
 
 
 def _recode(

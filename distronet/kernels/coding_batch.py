@@ -45,6 +45,7 @@ from distronet.kernels.coding_index import (
 )
 from distronet.kernels.coding_payload import _scale_parts_of, frame_head
 from distronet.kernels.coding_values import ValueCoding, quantise
+from distronet.kernels.fanout import map_in_order
 from distronet.kernels.jit_state import use_jit
 from distronet.protocol.errors import KernelError
 
@@ -124,42 +125,103 @@ _PLAN_MAX_K = 256
 """The compiled planner serves k up to this (its work arrays grow with k); larger k plan in numpy."""
 
 
+@dataclass
+class _PlanJob:
+    """One group's compiled ENTROPY planning (:func:`coding_jit_index.plan`): its inputs and the
+    arrays it fills, tensor range by tensor range (internal)."""
+
+    idx: np.ndarray
+    cn: int
+    start: np.ndarray
+    tables: np.ndarray
+    bmax: int
+    orders: np.ndarray
+    costs: np.ndarray
+    choice: np.ndarray
+    fallback: np.ndarray
+    gaps: np.ndarray
+    order: np.ndarray
+
+    def run(self, t0: int, t1: int) -> None:
+        """Plan tensors ``t0 <= t < t1`` (their rows only: pieces of one job are independent,
+        and a piece planned twice writes the same values)."""
+        from distronet.kernels.coding_jit_index import plan
+
+        plan(
+            self.idx,
+            self.start[t0 : t1 + 1],
+            self.tables,
+            self.bmax,
+            _SAMPLE_CHUNKS,
+            self.orders,
+            self.costs,
+            self.choice[t0:t1],
+            self.fallback[t0:t1],
+            self.gaps,
+            self.order,
+        )
+
+    def pieces(self, rows: int) -> list[tuple[int, int]]:
+        """Consecutive tensor ranges of about ``rows`` chunks each (a tensor is never cut)."""
+        out, t0, acc = [], 0, 0
+        n_t = np.diff(self.start)
+        for t in range(n_t.size):
+            acc += int(n_t[t])
+            if acc >= rows:
+                out.append((t0, t + 1))
+                t0, acc = t + 1, 0
+        if t0 < n_t.size:
+            out.append((t0, int(n_t.size)))
+        return out
+
+    def result(self) -> tuple[list[RankMap | None], np.ndarray, np.ndarray | None]:
+        maps = _candidate_maps(self.cn)
+        rank_map: list[RankMap | None] = [
+            RankMap.FALLBACK if fb else maps[c]
+            for fb, c in zip(self.fallback.tolist(), self.choice.tolist(), strict=True)
+        ]
+        return rank_map, self.gaps, self.order if self.choice.any() else None
+
+
+def _plan_job(idx: np.ndarray, cn: int, start: np.ndarray) -> _PlanJob | None:
+    """The compiled planning of ``_entropy``'s arguments, or None where it does not serve them
+    (the compiled code not warm, or ``k`` above :data:`_PLAN_MAX_K`: the numpy path then)."""
+    if not use_jit() or idx.shape[1] > _PLAN_MAX_K:
+        return None
+    t = start.size - 1
+    bmax = fixed_width(cn)
+    orders, costs = _tables(bmax)
+    return _PlanJob(
+        np.ascontiguousarray(idx),
+        cn,
+        start,
+        _rank_stack(cn),
+        bmax,
+        orders,
+        costs,
+        np.empty(t, dtype=np.int64),
+        np.empty(t, dtype=np.bool_),
+        np.empty(idx.shape, dtype=np.int64),
+        np.empty(idx.shape, dtype=np.int64),
+    )
+
+
+PLAN_PIECE_ROWS = 256
+"""About this many chunks per piece of compiled ENTROPY planning handed to the helper threads
+(``encode_groups``: every group's pieces in one ``fanout.map_in_order``)."""
+
+
 def _entropy(
     idx: np.ndarray, cn: int, start: np.ndarray
 ) -> tuple[list[RankMap | None], np.ndarray, np.ndarray | None]:
     """Batched ``encode_indices`` (ENTROPY, k < cn): (rank map per tensor, gaps, wire order or
     None). Once the compiled kernels are warm, :func:`coding_jit_index.plan` (the same choices
     and arrays, one loop per tensor: ~2x faster on the Llama set); else :func:`_entropy_numpy`."""
-    if not use_jit() or idx.shape[1] > _PLAN_MAX_K:
+    job = _plan_job(idx, cn, start)
+    if job is None:
         return _entropy_numpy(idx, cn, start)
-    from distronet.kernels.coding_jit_index import plan
-
-    t = start.size - 1
-    bmax = fixed_width(cn)
-    maps = _candidate_maps(cn)
-    orders, costs = _tables(bmax)
-    choice = np.empty(t, dtype=np.int64)
-    fallback = np.empty(t, dtype=np.bool_)
-    gaps = np.empty(idx.shape, dtype=np.int64)
-    order = np.empty(idx.shape, dtype=np.int64)
-    tables = _rank_stack(cn)
-    plan(
-        np.ascontiguousarray(idx),
-        start,
-        tables,
-        bmax,
-        _SAMPLE_CHUNKS,
-        orders,
-        costs,
-        choice,
-        fallback,
-        gaps,
-        order,
-    )
-    rank_map: list[RankMap | None] = [
-        RankMap.FALLBACK if fb else maps[c] for fb, c in zip(fallback.tolist(), choice.tolist(), strict=True)
-    ]
-    return rank_map, gaps, order if choice.any() else None
+    job.run(0, start.size - 1)
+    return job.result()
 
 
 def _candidate_maps(cn: int) -> list[RankMap]:
@@ -214,10 +276,25 @@ def _entropy_numpy(
     return rank_map, gaps, order
 
 
-def _code_group(g: CodingGroup) -> _Coded:
+@dataclass
+class _Checked:
+    """A group's checked arrays, indices ascending in every row (``canon``: the permutation that
+    sorted them, None where they already were), and its rows' tensor boundaries (internal)."""
+
+    idx: np.ndarray
+    val: np.ndarray
+    canon: np.ndarray | None
+    start: np.ndarray
+
+    def entropy(self, g: CodingGroup) -> bool:
+        """Whether its indices are ENTROPY-coded (not dense)."""
+        return g.index_coding == IndexCoding.ENTROPY and self.idx.shape[1] < g.chunk_numel
+
+
+def _check_group(g: CodingGroup) -> _Checked:
     idx = np.asarray(g.idx, dtype=np.int64)
     val = np.asarray(g.val, dtype=np.float32)
-    cn, vc, ic = g.chunk_numel, g.value_coding, g.index_coding
+    cn = g.chunk_numel
     if idx.ndim != 2 or val.shape != idx.shape:
         raise KernelError(f"idx {idx.shape} and val {val.shape} must both be (n_chunks, k)")
     if len(g.rows) != len(g.tensor_ids) or any(r < 1 for r in g.rows) or sum(g.rows) != idx.shape[0]:
@@ -238,16 +315,18 @@ def _code_group(g: CodingGroup) -> _Coded:
         if (np.diff(idx, axis=1) == 0).any():
             raise KernelError("an index repeats within a chunk")
         val = np.take_along_axis(val, canon, axis=1)
-    start = np.concatenate([[0], np.cumsum(g.rows)]).astype(np.int64)
-    t = len(g.tensor_ids)
+    return _Checked(idx, val, canon, np.concatenate([[0], np.cumsum(g.rows)]).astype(np.int64))
+
+
+def _code_group(g: CodingGroup, checked: _Checked, job: _PlanJob | None = None) -> _Coded:
+    """Code a checked group; ``job``: its ENTROPY planning, already run (else planned here)."""
+    idx, val, canon, start = checked.idx, checked.val, checked.canon, checked.start
+    cn, vc, k, t = g.chunk_numel, g.value_coding, idx.shape[1], len(g.tensor_ids)
     dense = k == cn
     gaps, wire = None, None
-    if dense:
-        rank_map: list[RankMap | None] = [None] * t
-    elif ic == IndexCoding.FIXED:
-        rank_map = [None] * t
-    else:
-        rank_map, gaps, wire = _entropy(idx, cn, start)
+    rank_map: list[RankMap | None] = [None] * t
+    if checked.entropy(g):
+        rank_map, gaps, wire = job.result() if job is not None else _entropy(idx, cn, start)
     wval = val if wire is None else np.take_along_axis(val, wire, axis=1)
     coded, deq_wire = quantise(wval, vc)
     if wire is None:
@@ -325,7 +404,20 @@ def encode_groups(groups: Sequence[CodingGroup]) -> tuple[bytes, list[np.ndarray
     Raises KernelError as ``encode_tensor`` and ``encode_payload`` do (bad shapes, indices out of
     range or repeated, NaN/Inf values, a repeated tensor id, more than 15 classes).
     """
-    coded = [_code_group(g) for g in groups]
+    checked = [_check_group(g) for g in groups]
+    jobs = {
+        gi: job
+        for gi, (g, c) in enumerate(zip(groups, checked, strict=True))
+        if c.entropy(g) and (job := _plan_job(c.idx, g.chunk_numel, c.start)) is not None
+    }
+    pieces = [(job, t0, t1) for job in jobs.values() for t0, t1 in job.pieces(PLAN_PIECE_ROWS)]
+    if pieces:  # the compiled planning holds no GIL: every group's pieces over a few threads
+        import torch
+
+        map_in_order(
+            lambda i: pieces[i][0].run(pieces[i][1], pieces[i][2]), len(pieces), torch.get_num_threads()
+        )
+    coded = [_code_group(g, c, jobs.get(gi)) for gi, (g, c) in enumerate(zip(groups, checked, strict=True))]
     # (tensor id, group, member) in id order
     members = sorted((tid, gi, j) for gi, c in enumerate(coded) for j, tid in enumerate(c.group.tensor_ids))
     if any(a[0] == b[0] for a, b in itertools.pairwise(members)):

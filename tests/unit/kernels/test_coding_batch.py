@@ -166,3 +166,40 @@ def test_the_compiled_planner_makes_the_numpy_passes_choices() -> None:
         if want[2] is not None:
             np.testing.assert_array_equal(got[2], want[2])
     assert seen == set(RankMap)  # every map, FALLBACK included, was chosen somewhere
+
+
+def test_planning_in_pieces_over_threads_gives_the_same_payload(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``encode_groups`` plans every ENTROPY group's tensors in pieces over a few threads
+    (``PLAN_PIECE_ROWS``): pieces of one tensor each, over 1 or 2 threads, write the payload and
+    values of one piece per group."""
+    import torch
+
+    from distronet.kernels import coding_batch
+    from distronet.kernels.coding import warm
+
+    assert warm()
+    rng = np.random.default_rng(11)
+    groups = []
+    for gi, (cn, k) in enumerate([(4096, 32), (256, 8), (4096, 4)]):
+        rows = tuple(int(r) for r in rng.integers(1, 40, size=6))
+        w = np.exp(-np.arange(cn) / (cn / 8))
+        idx = np.sort(np.argsort(-rng.random((sum(rows), cn)) * w, axis=1)[:, :k], axis=1)
+        val = rng.standard_normal(idx.shape).astype(np.float32)
+        ids = tuple(range(10 * gi, 10 * gi + len(rows)))
+        groups.append(CodingGroup(ids, rows, idx, val, cn, ValueCoding.INT8, IndexCoding.ENTROPY))
+    job = coding_batch._plan_job(groups[0].idx, 4096, np.concatenate([[0], np.cumsum(groups[0].rows)]))
+    assert job is not None and job.pieces(1) == [(t, t + 1) for t in range(6)]
+    assert job.pieces(10**9) == [(0, 6)]
+    monkeypatch.setattr(coding_batch, "PLAN_PIECE_ROWS", 10**9)
+    want = encode_groups(groups)
+    monkeypatch.setattr(coding_batch, "PLAN_PIECE_ROWS", 1)
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            got = encode_groups(groups)
+            assert got[0] == want[0]
+            for a, b in zip(got[1], want[1], strict=True):
+                np.testing.assert_array_equal(a, b)
+    finally:
+        torch.set_num_threads(threads)

@@ -178,6 +178,26 @@ def warm() -> bool:
         np.empty_like(two),
         order,
     )
+    from distronet.kernels.coding_jit_index import streams  # coding_batch._fields_compiled
+
+    place = np.arange(7, dtype=np.int64)
+    fields = np.empty(3 * two.size + 1, dtype=np.int64)
+    streams(
+        two,
+        two,
+        np.array([0, 3]),
+        np.zeros(1, np.int64),
+        6,
+        1,
+        2,
+        place,
+        1,
+        7,
+        place,
+        fields,
+        fields.copy(),
+        np.empty(2, np.int64),
+    )
     from distronet.kernels.topk_jit import select  # the compiled top-k (topk._select_compiled)
 
     y = np.arange(64, dtype=np.float32)

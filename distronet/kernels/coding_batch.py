@@ -392,6 +392,50 @@ def _streams(c: _Coded, params: ClassParams) -> _Streams:
     return _Streams(fa, fb, ea, eb, (mant_v, mant_w))
 
 
+def _fields_compiled(c: _Coded, params: ClassParams) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An ENTROPY group's bit fields, tensor after tensor (:func:`coding_jit_index.streams`:
+    one compiled pass for what :func:`_streams`, the per-tensor cuts and the rank-map and
+    fallback parts build with some thirty numpy passes): ``(values, widths, at)``, tensor ``j``'s
+    fields from ``at[j]`` to ``at[j + 1]``."""
+    from distronet.kernels.coding_jit_index import streams
+
+    assert c.gaps is not None
+    g = c.group
+    n, k = c.gaps.shape
+    t = len(g.tensor_ids)
+    bmax = fixed_width(g.chunk_numel)
+    maps = np.array([int(m) for m in c.rank_map if m is not None], dtype=np.int64)
+    values = np.empty(3 * n * k + t, dtype=np.int64)
+    widths = np.empty_like(values)
+    at = np.empty(t + 1, dtype=np.int64)
+    streams(
+        c.gaps,
+        np.ascontiguousarray(c.idx),
+        c.start,
+        maps,
+        bmax,
+        params.b0_a,
+        params.w_a,
+        _place(params.b0_a, bmax),
+        params.b0_b,
+        params.w_b,
+        _place(params.b0_b, bmax),
+        values,
+        widths,
+        at,
+    )
+    return values, widths, at
+
+
+@functools.lru_cache(maxsize=256)
+def _place(b0: int, bmax: int) -> np.ndarray:
+    """Each bucket's place in the centre-out order from ``b0`` (do not modify)."""
+    place = np.zeros(bmax + 1, dtype=np.int64)
+    if b0 <= bmax:
+        place[centre_out(b0, bmax)] = np.arange(bmax + 1)
+    return place
+
+
 def _cut(part: Part, a: int, b: int) -> Part:
     return part[0][a:b], part[1][a:b]
 
@@ -453,14 +497,24 @@ def encode_groups(groups: Sequence[CodingGroup]) -> tuple[bytes, list[np.ndarray
     ]
     scale_parts = _scale_parts_of(np.concatenate(codes)) if codes else []
     parts += scale_parts[:1]
+    compiled = use_jit()
+    fields = {
+        gi: _fields_compiled(c, params[c.group.chunk_numel])
+        for gi, c in enumerate(coded)
+        if compiled and c.gaps is not None and _entropy_member(c)
+    }
     streams = {
         gi: _streams(c, params[c.group.chunk_numel])
         for gi, c in enumerate(coded)
-        if c.gaps is not None and any(m is not RankMap.FALLBACK for m in c.rank_map)
+        if gi not in fields and c.gaps is not None and any(m is not RankMap.FALLBACK for m in c.rank_map)
     }
     for _, gi, j in members:
         c = coded[gi]
         if c.dense:
+            continue
+        if gi in fields:  # the tensor's rank map and every field of its indices, as below
+            fv, fw, at = fields[gi]
+            parts.append((fv[at[j] : at[j + 1]], fw[at[j] : at[j + 1]]))
             continue
         a, b = int(c.start[j]), int(c.start[j + 1])
         rm = c.rank_map[j]

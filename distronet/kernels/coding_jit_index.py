@@ -175,3 +175,98 @@ def plan(
             for r in range(s0, s1):
                 for j in range(k):
                     order[r, j] = j
+
+
+@compiled
+def _bitlen(x: int) -> int:
+    if x < _BITLEN.shape[0]:
+        return _BITLEN[x]  # type: ignore[no-any-return]
+    b = 0
+    while x:
+        x >>= 1
+        b += 1
+    return b
+
+
+@compiled
+def _field(x: int, b0: int, w: int, place: np.ndarray) -> tuple[int, int, int, int, int, int]:
+    """One symbol of a class under ``(b0, w)`` (``coding_bucket.class_parts``): its field, escape
+    and mantissa as ``(value, width)`` pairs (width 0: none)."""
+    if w == 7:  # RICE: no field, the quotient in unary, the low b0 bits
+        q = x >> b0
+        return 0, 0, (1 << (q + 1)) - 2, q + 1, x & ((1 << b0) - 1), b0
+    b = _bitlen(x)
+    rho = place[b]
+    lim = (1 << w) - 1
+    ev, ew = 0, 0
+    if rho >= lim:
+        q = rho - lim
+        ev, ew = (1 << (q + 1)) - 2, q + 1
+    mw = b - 1 if b > 1 else 0
+    return min(rho, lim), w, ev, ew, x & ((1 << mw) - 1), mw
+
+
+@compiled
+def streams(
+    gaps: np.ndarray, idx: np.ndarray, start: np.ndarray, maps: np.ndarray, fixed: int, b0a: int, wa: int,
+    place_a: np.ndarray, b0b: int, wb: int, place_b: np.ndarray, values: np.ndarray, widths: np.ndarray,
+    at: np.ndarray,
+) -> None:  # fmt: skip
+    """The bit fields of an ENTROPY group's tensors, tensor ``t`` (rows ``start[t]`` to
+    ``start[t + 1] - 1``) in ``values``/``widths`` from ``at[t]`` to ``at[t + 1]``: its rank map
+    ``maps[t]`` in 2 bits, then a FALLBACK (3) tensor's indices in ``fixed`` bits each, any other
+    its class A fields (each row's first gap), class B fields (the other gaps, row by row), class A
+    escapes, class B escapes, and the mantissas row by row (A's, then B's): what
+    ``coding_batch._streams`` cut per tensor gives, without its zero-width fields.
+
+    ``place_a``/``place_b``: each bucket's place in the centre-out order of the class's ``b0``
+    (unused for Rice, ``w == 7``). ``values``/``widths`` int64 hold at least ``3 * N * k + T``;
+    ``at`` int64 ``(T + 1,)``. Arrays the caller built; it never raises."""
+    k = gaps.shape[1]
+    most = 0
+    for t in range(start.shape[0] - 1):
+        most = max(most, start[t + 1] - start[t])
+    sym = np.empty((6, most * k), dtype=np.int64)  # a tensor's fields, escapes, mantissas
+    n = 0
+    for t in range(start.shape[0] - 1):
+        at[t] = n
+        r0, r1 = start[t], start[t + 1]
+        values[n] = maps[t]
+        widths[n] = 2
+        n += 1
+        if maps[t] == 3:
+            for r in range(r0, r1):
+                for j in range(k):
+                    values[n] = idx[r, j]
+                    widths[n] = fixed
+                    n += 1
+            continue
+        m = (r1 - r0) * k
+        for r in range(r0, r1):
+            for j in range(k):
+                i = (r - r0) * k + j
+                if j == 0:
+                    f = _field(gaps[r, j], b0a, wa, place_a)
+                else:
+                    f = _field(gaps[r, j], b0b, wb, place_b)
+                sym[0, i], sym[1, i], sym[2, i], sym[3, i], sym[4, i], sym[5, i] = f
+        nr = r1 - r0
+        for v in (0, 2):  # fields (A, then B), escapes (A, then B)
+            for rr in range(nr):
+                i = rr * k
+                if sym[v + 1, i] > 0:
+                    values[n] = sym[v, i]
+                    widths[n] = sym[v + 1, i]
+                    n += 1
+            for rr in range(nr):
+                for i in range(rr * k + 1, rr * k + k):
+                    if sym[v + 1, i] > 0:
+                        values[n] = sym[v, i]
+                        widths[n] = sym[v + 1, i]
+                        n += 1
+        for i in range(m):  # mantissas, row by row
+            if sym[5, i] > 0:
+                values[n] = sym[4, i]
+                widths[n] = sym[5, i]
+                n += 1
+    at[start.shape[0] - 1] = n

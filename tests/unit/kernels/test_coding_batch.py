@@ -45,7 +45,17 @@ def _items(rng: np.random.Generator) -> list[Item]:
     return items
 
 
-def test_batched_payloads_equal_per_tensor_ones() -> None:
+@pytest.mark.parametrize("jit", [True, False])
+def test_batched_payloads_equal_per_tensor_ones(jit: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Byte for byte, with the compiled ENTROPY planning and fields (``coding_jit_index``) and
+    with the numpy passes."""
+    from distronet.kernels import coding_batch
+    from distronet.kernels.coding import warm
+
+    if jit:
+        assert warm()
+    else:
+        monkeypatch.setattr(coding_batch, "use_jit", lambda: False)
     rng = np.random.default_rng(0)
     maps: Counter[RankMap | None] = Counter()
     checked = 0

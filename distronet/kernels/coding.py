@@ -198,6 +198,16 @@ def warm() -> bool:
         fields.copy(),
         np.empty(2, np.int64),
     )
+    from distronet.kernels.coding_jit_index import class_stats, shifted_sum  # coding_batch._choose_compiled
+
+    rows = np.array([0], dtype=np.int64), np.array([3], dtype=np.int64)
+    class_stats(two, *rows, True, np.zeros(7, np.int64))
+    shifted_sum(two, *rows, False, 1)
+    from distronet.kernels.coding_jit_index import put_rows, take_rows  # coding_batch wire orders
+
+    vals, perm = np.zeros(two.shape, dtype=np.float32), np.tile(np.array([1, 0], dtype=np.int64), (3, 1))
+    take_rows(vals, perm, vals.copy())
+    put_rows(vals, perm, vals.copy())
     from distronet.kernels.topk_jit import select  # the compiled top-k (topk._select_compiled)
 
     y = np.arange(64, dtype=np.float32)

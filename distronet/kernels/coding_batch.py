@@ -32,7 +32,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from distronet.kernels.coding_bits import append_flags, pack_bits, unary_fields
-from distronet.kernels.coding_bucket import RICE, Part, _tables, buckets_of, centre_out, choose_params
+from distronet.kernels.coding_bucket import (
+    RICE,
+    Part,
+    _tables,
+    best_params_hist,
+    buckets_of,
+    centre_out,
+    choose_params,
+    rice_best,
+)
 from distronet.kernels.coding_index import (
     _SAMPLE_CHUNKS,
     MAX_CHUNK_NUMEL,
@@ -327,13 +336,13 @@ def _code_group(g: CodingGroup, checked: _Checked, job: _PlanJob | None = None) 
     rank_map: list[RankMap | None] = [None] * t
     if checked.entropy(g):
         rank_map, gaps, wire = job.result() if job is not None else _entropy(idx, cn, start)
-    wval = val if wire is None else np.take_along_axis(val, wire, axis=1)
+    wval = val if wire is None else _take_rows(val, wire)
     coded, deq_wire = quantise(wval, vc)
     if wire is None:
         deq = deq_wire
     else:
         deq = np.empty_like(deq_wire)
-        np.put_along_axis(deq, wire, deq_wire, axis=1)
+        _put_rows(deq, wire, deq_wire)
     if canon is not None:
         out = np.empty_like(deq)
         np.put_along_axis(out, canon, deq, axis=1)
@@ -436,6 +445,60 @@ def _place(b0: int, bmax: int) -> np.ndarray:
     return place
 
 
+def _take_rows(src: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """``np.take_along_axis(src, order, axis=1)`` (compiled once warm)."""
+    if not use_jit():
+        return np.take_along_axis(src, order, axis=1)
+    from distronet.kernels.coding_jit_index import take_rows
+
+    out = np.empty(order.shape, dtype=src.dtype)
+    take_rows(np.ascontiguousarray(src), np.ascontiguousarray(order), out)
+    return out
+
+
+def _put_rows(out: np.ndarray, order: np.ndarray, src: np.ndarray) -> None:
+    """``np.put_along_axis(out, order, src, axis=1)`` (compiled once warm)."""
+    if not use_jit():
+        np.put_along_axis(out, order, src, axis=1)
+        return
+    from distronet.kernels.coding_jit_index import put_rows
+
+    put_rows(out, np.ascontiguousarray(order), np.ascontiguousarray(src))
+
+
+def _choose_compiled(live: Sequence[tuple[_Coded, int]], bmax: int, first: bool) -> tuple[int, int]:
+    """``choose_params`` of one class (``first``: each row's first gap, else the others) of the
+    tensors ``live`` (group, member), from compiled passes over their rows where they lie
+    (:func:`coding_jit_index.class_stats`, ``shifted_sum``) instead of concatenated copies: the
+    same parameters (integer sums; the mean and its log2 taken as ``choose_params`` takes them)."""
+    from distronet.kernels.coding_jit_index import class_stats, shifted_sum
+
+    by: dict[int, tuple[_Coded, list[int]]] = {}
+    for c, j in live:
+        by.setdefault(id(c), (c, []))[1].append(j)
+    spans = []
+    for c, js in by.values():
+        assert c.gaps is not None
+        sel = np.array(js, dtype=np.int64)
+        spans.append((c.gaps, c.start[sel], c.start[sel + 1]))
+    hist = np.zeros(bmax + 1, dtype=np.int64)
+    total = count = top = 0
+    for gaps, r0s, r1s in spans:
+        s, n, t = class_stats(gaps, r0s, r1s, first, hist)
+        total, count, top = total + s, count + n, max(top, t)
+    if count == 0:
+        return 0, 0
+    cost, b0, w = best_params_hist(hist, bmax)
+    rice, m = rice_best(
+        float(np.float64(total) / count),
+        top,
+        count,
+        lambda m: sum(int(shifted_sum(g, a, b, first, m)) for g, a, b in spans),
+        bmax,
+    )
+    return (m, RICE) if rice < cost else (b0, w)
+
+
 def _cut(part: Part, a: int, b: int) -> Part:
     return part[0][a:b], part[1][a:b]
 
@@ -482,10 +545,14 @@ def encode_groups(groups: Sequence[CodingGroup]) -> tuple[bytes, list[np.ndarray
         if not live:
             params[cn] = ClassParams()
             continue
-        gap_rows = [c.gaps[c.start[j] : c.start[j + 1]] for c, j in live]  # type: ignore[index]
         bmax = fixed_width(cn)
-        b0a, wa = choose_params(np.concatenate([r[:, 0] for r in gap_rows]), bmax)
-        b0b, wb = choose_params(np.concatenate([r[:, 1:].reshape(-1) for r in gap_rows]), bmax)
+        if use_jit():
+            b0a, wa = _choose_compiled(live, bmax, True)
+            b0b, wb = _choose_compiled(live, bmax, False)
+        else:
+            gap_rows = [c.gaps[c.start[j] : c.start[j + 1]] for c, j in live]  # type: ignore[index]
+            b0a, wa = choose_params(np.concatenate([r[:, 0] for r in gap_rows]), bmax)
+            b0b, wb = choose_params(np.concatenate([r[:, 1:].reshape(-1) for r in gap_rows]), bmax)
         params[cn] = ClassParams(b0a, wa, b0b, wb)
     for cn in cns:
         p = params[cn]

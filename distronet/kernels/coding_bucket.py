@@ -12,6 +12,7 @@ operations.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import numpy as np
 
@@ -23,6 +24,7 @@ __all__ = [
     "RICE",
     "Part",
     "best_params",
+    "best_params_hist",
     "buckets_of",
     "check_params",
     "choose_params",
@@ -33,6 +35,7 @@ __all__ = [
     "finish_class",
     "mantissa_parts",
     "read_buckets",
+    "rice_best",
     "start_class",
     "symbols_from",
 ]
@@ -74,7 +77,11 @@ def best_params(buckets: np.ndarray, bmax: int) -> tuple[int, int, int]:
     """(bits including mantissas, b0, w) of the cheapest parameters for these buckets."""
     if buckets.size == 0:
         return 0, 0, 0
-    hist = np.bincount(buckets, minlength=bmax + 1)
+    return best_params_hist(np.bincount(buckets, minlength=bmax + 1), bmax)
+
+
+def best_params_hist(hist: np.ndarray, bmax: int) -> tuple[int, int, int]:
+    """:func:`best_params` of the buckets' histogram ``hist`` int64 ``(bmax + 1,)``."""
     orders, costs = _tables(bmax)
     total = hist[orders] @ costs.T  # (b0, w)
     b0, w = np.unravel_index(int(np.argmin(total)), total.shape)
@@ -130,12 +137,17 @@ def symbols_from(reader: BitReader, buckets: np.ndarray) -> np.ndarray:
 
 def _rice_best(x: np.ndarray, bmax: int) -> tuple[int, int]:
     """(bits, m) of the best Rice parameter, searched around log2 of the mean."""
-    m0 = max(0, int(np.log2(float(x.mean()) + 1.0)) - 1)
-    top = int(x.max())
+    return rice_best(float(x.mean()), int(x.max()), x.size, lambda m: int((x >> m).sum()), bmax)
+
+
+def rice_best(mean: float, top: int, size: int, shifted: Callable[[int], int], bmax: int) -> tuple[int, int]:
+    """:func:`_rice_best` from the symbols' mean, largest and count, and ``shifted(m)`` =
+    ``sum(x >> m)`` (asked for at most three ``m``)."""
+    m0 = max(0, int(np.log2(mean + 1.0)) - 1)
     best = (1 << 62, 0)
     for m in range(max(0, m0 - 1), min(bmax, m0 + 2) + 1):
         if top >> m <= _MAX_QUOTIENT:
-            best = min(best, (int((x >> m).sum()) + x.size * (1 + m), m))
+            best = min(best, (shifted(m) + size * (1 + m), m))
     return best
 
 

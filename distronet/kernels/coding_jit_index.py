@@ -270,3 +270,54 @@ def streams(
                 widths[n] = sym[5, i]
                 n += 1
     at[start.shape[0] - 1] = n
+
+
+@compiled
+def class_stats(
+    gaps: np.ndarray, r0s: np.ndarray, r1s: np.ndarray, first: bool, hist: np.ndarray
+) -> tuple[int, int, int]:
+    """One bucket-code class of the rows ``r0s[i] <= r < r1s[i]`` of ``gaps``: each row's first gap
+    (``first``) or its others. Adds the symbols' buckets into ``hist``; returns their sum, count
+    and largest (0 for none): ``coding_bucket.choose_params``'s statistics, no concatenation."""
+    s, n, top = 0, 0, 0
+    k = gaps.shape[1]
+    j0, j1 = (0, 1) if first else (1, k)
+    for i in range(r0s.shape[0]):
+        for r in range(r0s[i], r1s[i]):
+            for j in range(j0, j1):
+                x = gaps[r, j]
+                hist[_bitlen(x)] += 1
+                s += x
+                top = max(top, x)
+            n += j1 - j0
+    return s, n, top
+
+
+@compiled
+def shifted_sum(gaps: np.ndarray, r0s: np.ndarray, r1s: np.ndarray, first: bool, m: int) -> int:
+    """``sum(x >> m)`` over the class :func:`class_stats` reads (a Rice code's unary bits)."""
+    s = 0
+    k = gaps.shape[1]
+    j0, j1 = (0, 1) if first else (1, k)
+    for i in range(r0s.shape[0]):
+        for r in range(r0s[i], r1s[i]):
+            for j in range(j0, j1):
+                s += gaps[r, j] >> m
+    return s
+
+
+@compiled
+def take_rows(src: np.ndarray, order: np.ndarray, out: np.ndarray) -> None:
+    """``out[r, j] = src[r, order[r, j]]`` (``np.take_along_axis(src, order, 1)``); ``order`` rows
+    are permutations of ``0..k-1`` (the planner's wire orders)."""
+    for r in range(order.shape[0]):
+        for j in range(order.shape[1]):
+            out[r, j] = src[r, order[r, j]]
+
+
+@compiled
+def put_rows(out: np.ndarray, order: np.ndarray, src: np.ndarray) -> None:
+    """``out[r, order[r, j]] = src[r, j]`` (``np.put_along_axis(out, order, src, 1)``)."""
+    for r in range(order.shape[0]):
+        for j in range(order.shape[1]):
+            out[r, order[r, j]] = src[r, j]

@@ -32,6 +32,7 @@ __all__ = [
     "HAVE_JIT",
     "F",
     "compiled",
+    "feed_back",
     "pack",
     "scatter_flat",
     "scatter_part",
@@ -205,3 +206,24 @@ def pack(values: np.ndarray, widths: np.ndarray, out: np.ndarray) -> None:
         acc &= (1 << nacc) - 1
     if nacc:
         out[pos] = (acc << (8 - nacc)) & 0xFF
+
+
+@compiled
+def feed_back(
+    flat: np.ndarray, idx: np.ndarray, val: np.ndarray, cols: int, br: int, bc: int, sign: float
+) -> None:
+    """``flat[p] = flat[p] - val`` (``sign < 0``) or ``flat[p] + val`` for each chunk-order entry
+    ``(n, j)``: ``flat`` float32 is a ``(rows, cols)`` spatial buffer of ``br x bc`` blocks, chunk
+    ``n`` the block at block row ``n // (cols / bc)``, entry ``idx[n, j]`` int64 its coefficient
+    (row ``// bc``, column ``% bc``), ``val`` float32 ``(N, k)``. Indices distinct within a row
+    (a selection's), so each position is written once. It never raises."""
+    gc = cols // bc
+    for n in range(idx.shape[0]):
+        base = (n // gc) * (br * cols) + (n % gc) * bc
+        for j in range(idx.shape[1]):
+            i = idx[n, j]
+            p = base + (i // bc) * cols + i % bc
+            if sign < 0:
+                flat[p] = flat[p] - val[n, j]
+            else:
+                flat[p] = flat[p] + val[n, j]

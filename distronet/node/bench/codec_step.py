@@ -9,9 +9,11 @@ identities, sealed before the step from this peer's momentum times ``1 + 0.2 * N
 (so their indices and values differ as between peers); they are made outside the timed step.
 
 The codec's time is measured inside that same step, by timing the optimizer's own calls to the
-codec (``distro.dct_accumulate``, ``build_packet``, ``open_round``, ``round_sums``): encode = the
-gradient DCT into the momentum (``beta * m + DCT(g)``, one fused call) + ``build_packet``, decode =
-``open_round`` + ``round_sums``. Reported: medians over
+codec (``distro.dct_accumulate``, ``build_packet``, ``feed_back_all``, ``open_round``,
+``round_sums``): encode = the gradient DCT into the momentum (``beta * m + DCT(g)``, one fused call)
++ ``build_packet`` (top-k, coding, sealing) + the error feedback (what was sent taken out of the
+momentum), decode = ``open_round`` + ``round_sums``. (Until 2026-12-06 the error feedback, then a
+per-tensor scatter outside these calls, was not counted.) Reported: medians over
 the timed steps (after ``warmup`` untimed ones) of the step, the codec and their ratio.
 """
 
@@ -84,7 +86,7 @@ class _Round(Exchange):
 @contextmanager
 def _timing(sink: dict[str, float]) -> Iterator[None]:
     """Time the optimizer's calls to the codec into ``sink`` (seconds, summed per name)."""
-    names = ("dct_accumulate", "build_packet", "open_round", "round_sums")
+    names = ("dct_accumulate", "build_packet", "feed_back_all", "open_round", "round_sums")
     saved = {n: getattr(distro, n) for n in names}
 
     def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -154,7 +156,7 @@ def step_share(
             t2 = time.perf_counter()
             if step < warmup:
                 continue
-            enc = sink.get("dct_accumulate", 0.0) + sink.get("build_packet", 0.0)
+            enc = sum(sink.get(n, 0.0) for n in ("dct_accumulate", "build_packet", "feed_back_all"))
             dec = sink.get("open_round", 0.0) + sink.get("round_sums", 0.0)
             for key, v in (
                 ("step", t2 - t0),

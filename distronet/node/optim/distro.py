@@ -59,7 +59,7 @@ from distronet.node.optim.packets import (
     SentTensor,
     TensorPlan,
     build_packet,
-    feed_back,
+    feed_back_all,
     make_plans,
     momentum_buffers,
     momentum_chunks,
@@ -251,8 +251,7 @@ class DistroOptimizer(torch.optim.Optimizer):
             alpha = lr if ex.lr_in_momentum else 1.0
             dct_accumulate(m, g.detach().float(), plan.layout, ex.beta, alpha, spatial=plan.spatial)
         frame, sent = build_packet(self.plans, momenta, cfg, t, self.identity, self.digest)
-        for plan, m, s in zip(self.plans, momenta, sent, strict=True):
-            feed_back(plan, m, s, -1.0)
+        feed_back_all(self.plans, momenta, sent, -1.0)
         self._pending[t] = _Pending(sent, lr)
         self._begun = True
         self.exchange.publish(t, frame)
@@ -399,8 +398,7 @@ class DistroOptimizer(torch.optim.Optimizer):
         )
         own = self.identity.peer_id in dec.peers
         if not own and pending.sent:  # our packet did not count: give what we sent back to the momentum
-            for plan, m, s in zip(self.plans, self._momenta(), pending.sent, strict=True):
-                feed_back(plan, m, s, 1.0)
+            feed_back_all(self.plans, self._momenta(), pending.sent, 1.0)
         t0 = time.perf_counter()
         verdict, gidx = self.guard.judge(dec)
         if self.auditor is not None and verdict.copies:

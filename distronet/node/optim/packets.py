@@ -33,6 +33,7 @@ from distronet.kernels.coding_batch import CodingGroup, encode_groups
 from distronet.kernels.coding_table import read_header
 from distronet.kernels.dct import chunks_from_spatial, spatial_from_chunks, spatial_index, spatial_shape
 from distronet.kernels.fanout import map_in_order
+from distronet.kernels.jit_state import use_jit
 from distronet.kernels.layout import ChunkLayout, plan_layout
 from distronet.kernels.topk import select_compiled, topk_chunks
 from distronet.node.optim.config import DistroConfig
@@ -50,6 +51,7 @@ __all__ = [
     "TensorPlan",
     "build_packet",
     "feed_back",
+    "feed_back_all",
     "make_plans",
     "momentum_buffers",
     "momentum_chunks",
@@ -302,6 +304,70 @@ def feed_back(plan: TensorPlan, m: torch.Tensor, sent: SentTensor, sign: float) 
         flat.scatter_(0, pos, flat.gather(0, pos) - val)
     else:
         flat.scatter_add_(0, pos, val)
+
+
+def feed_back_all(
+    plans: Sequence[TensorPlan], momenta: Sequence[torch.Tensor], sent: Sequence[SentTensor], sign: float
+) -> None:
+    """:func:`feed_back` of every plan: the spatial momenta of one class (one buffer,
+    :func:`momentum_buffers`) in one gather and one scatter over the whole buffer, the others
+    (and momenta not in one buffer) tensor by tensor. The same values: every position is written
+    once, ``m - val`` or ``m + val`` as :func:`feed_back` writes it; on the CPU once warm, one
+    compiled pass a class (``coding_jit_sum.feed_back``). Tensor by tensor the spatial positions
+    cost ~6 small tensor operations each (Llama set: 0.72-0.89 ms, against 0.32-0.39 for the
+    chunk-order momenta before)."""
+    by: dict[tuple[int, int, int], list[int]] = {}
+    for i, plan in enumerate(plans):
+        if plan.spatial:
+            by.setdefault(
+                (plan.layout.chunk_numel, int(sent[i].idx.shape[1]), plan.momentum_shape[1]), []
+            ).append(i)
+        else:
+            feed_back(plan, momenta[i], sent[i], sign)
+    for (_cn, _k, cols), members in by.items():
+        view = _stacked([momenta[i] for i in members], cols)
+        if (
+            len(members) > 1
+            and view.untyped_storage().data_ptr() != momenta[members[0]].untyped_storage().data_ptr()
+        ):
+            for i in members:  # not one buffer: a stacked copy would not reach the momenta
+                feed_back(plans[i], momenta[i], sent[i], sign)
+            continue
+        (br, bc) = plans[members[0]].layout.block
+        k = int(sent[members[0]].idx.shape[1])  # build_packet's are views of one class tensor
+        idx, val = _stacked([sent[i].idx for i in members], k), _stacked([sent[i].val for i in members], k)
+        if use_jit() and view.device.type == "cpu" and view.dtype == val.dtype == torch.float32:
+            from distronet.kernels.coding_jit_sum import feed_back as compiled_feed_back
+
+            compiled_feed_back(
+                view.reshape(-1).numpy(),
+                np.ascontiguousarray(idx.numpy(), dtype=np.int64),
+                np.ascontiguousarray(val.numpy()),
+                cols,
+                br,
+                bc,
+                sign,
+            )
+            continue
+        base, local = _class_tables(view.shape[0], cols, br, bc, view.device)
+        pos = (base + local[idx]).reshape(-1)
+        flat, v = view.reshape(-1), val.reshape(-1)
+        if sign < 0:
+            flat.scatter_(0, pos, flat.gather(0, pos) - v)
+        else:
+            flat.scatter_add_(0, pos, v)
+
+
+@functools.lru_cache(maxsize=64)
+def _class_tables(
+    rows: int, cols: int, br: int, bc: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Spatial positions in a ``(rows, cols)`` buffer of ``br x bc`` blocks: (each chunk's first,
+    ``(n, 1)``, chunk order = block row after block row; each coefficient's offset, ``(br * bc,)``)."""
+    gc = cols // bc
+    n = torch.arange(rows // br * gc, device=device)
+    i = torch.arange(br * bc, device=device)
+    return ((n // gc) * (br * cols) + (n % gc) * bc).unsqueeze(1), (i // bc) * cols + i % bc
 
 
 def _stacked(ms: Sequence[torch.Tensor], width: int) -> torch.Tensor:

@@ -207,3 +207,34 @@ def test_a_momentum_round_trips_through_its_layout_and_feeds_back_exactly() -> N
         assert torch.equal(packets.momentum_chunks(plan, m), want)
         packets.feed_back(plan, m, sent, 1.0)
         assert torch.equal(packets.momentum_chunks(plan, m), want.scatter_add(1, idx, val))
+
+
+@pytest.mark.parametrize("sign", [-1.0, 1.0])
+def test_feed_back_all_is_feed_back_tensor_by_tensor(sign: float) -> None:
+    """The error feedback of a whole step (``feed_back_all``: a class of spatial momenta in one
+    compiled pass, or one scatter) writes what ``feed_back`` writes tensor by tensor, for the
+    optimizer's class buffers and for momenta that do not share one."""
+    from distronet.kernels.coding import warm
+    from distronet.node.optim import packets
+
+    assert warm()
+    cfg = preset("ours_k32")
+    shapes = [("a", (128, 64)), ("b", (40,)), ("c", (64, 64)), ("w", (64, 200)), ("d", (130, 64))]
+    plans = packets.make_plans(shapes, cfg)
+    g = torch.Generator().manual_seed(4)
+    held = packets.momentum_buffers(plans, [torch.empty(0)] * len(plans))
+    for m in held:
+        m.normal_(generator=g)
+    sent = []
+    for p in plans:
+        n, cn, k = p.layout.n_chunks, p.layout.chunk_numel, p.k(32)
+        idx = torch.stack([torch.randperm(cn, generator=g)[:k].sort().values for _ in range(n)])
+        sent.append(packets.SentTensor(idx, torch.randn(n, k, generator=g)))
+    want = [m.clone() for m in held]
+    for p, m, s in zip(plans, want, sent, strict=True):
+        packets.feed_back(p, m, s, sign)
+    loose = [m.clone() for m in held]
+    packets.feed_back_all(plans, held, sent, sign)
+    packets.feed_back_all(plans, loose, sent, sign)
+    for a, b, c in zip(held, loose, want, strict=True):
+        assert torch.equal(a, c) and torch.equal(b, c)

@@ -157,6 +157,9 @@ def warm() -> bool:
             out, flat.tensor_ids, flat.n, flat.k, flat.offsets, flat.idx, flat.val, one, one, table, local_at
         )
     scatter_part(out, flat.idx.reshape(1, -1), flat.val.reshape(1, -1), one, table, 64)  # decode.decode_sum
+    from distronet.kernels.coding_jit_sum import unscatter_flat  # decode.decode_flat's zero buffer
+
+    unscatter_flat(out, flat.tensor_ids, flat.n, flat.k, flat.offsets, flat.idx, one, one, table, one)
     from distronet.kernels.coding_jit_sum import pack  # coding_bits.pack_bits
 
     pack(np.array([5, 1], dtype=np.int64), np.array([3, 40], dtype=np.int64), np.empty(6, np.uint8))

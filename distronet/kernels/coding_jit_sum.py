@@ -36,6 +36,7 @@ __all__ = [
     "pack",
     "scatter_flat",
     "scatter_part",
+    "unscatter_flat",
     "values",
 ]
 
@@ -149,6 +150,27 @@ def scatter_flat(
             else:
                 for e in range(kt):
                     buf[base + local[la + idx[row + e]]] += val[row + e]
+
+
+@compiled
+def unscatter_flat(
+    buf: np.ndarray, ids: np.ndarray, n: np.ndarray, k: np.ndarray, offsets: np.ndarray, idx: np.ndarray,
+    cbase: np.ndarray, cbase_at: np.ndarray, local: np.ndarray, local_at: np.ndarray,
+) -> None:  # fmt: skip
+    """``buf[position] = 0`` at every position :func:`scatter_flat` adds one payload's entries
+    into (the same tables): a zeroed buffer made zero again after a sparse sum."""
+    for j in range(ids.size):
+        t, kt, o = ids[j], k[j], offsets[j]
+        cb, la = cbase_at[t], local_at[t]
+        for c in range(n[j]):
+            base = cbase[cb + c]
+            row = o + c * kt
+            if la < 0:
+                for e in range(kt):
+                    buf[base + idx[row + e]] = 0.0
+            else:
+                for e in range(kt):
+                    buf[base + local[la + idx[row + e]]] = 0.0
 
 
 @compiled

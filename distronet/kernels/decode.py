@@ -66,7 +66,7 @@ from distronet.kernels.decode_sparse import (
 )
 from distronet.kernels.jit_state import use_jit
 from distronet.kernels.layout import ChunkLayout
-from distronet.kernels.workspace import scratch
+from distronet.kernels.workspace import scratch, zero_buffer
 from distronet.protocol.errors import KernelError
 
 __all__ = [
@@ -346,10 +346,13 @@ def _buffer(plan: BatchPlan, dt: torch.dtype, dev: torch.device) -> torch.Tensor
     return scratch(1, (plan.size,), dt, dev).zero_()
 
 
-def _scatter_compiled(plan: BatchPlan, buf: torch.Tensor, payloads: Sequence[FlatPayload]) -> None:
+def _scatter_compiled(
+    plan: BatchPlan, buf: torch.Tensor, payloads: Sequence[FlatPayload], *, unscatter: bool = False
+) -> None:
     """Add every payload's entries into ``buf`` (CPU float32), payload by payload, compiled:
-    the additions :func:`decode_flat`'s ``index_add_`` makes, in the same order, no copies."""
-    from distronet.kernels.coding_jit_sum import scatter_flat
+    the additions :func:`decode_flat`'s ``index_add_`` makes, in the same order, no copies.
+    ``unscatter``: write zeros at those positions instead (``workspace.zero_buffer``)."""
+    from distronet.kernels.coding_jit_sum import scatter_flat, unscatter_flat
 
     out = buf.numpy()
     tables = plan.scatter_tables
@@ -358,7 +361,12 @@ def _scatter_compiled(plan: BatchPlan, buf: torch.Tensor, payloads: Sequence[Fla
             np.ascontiguousarray(a, dtype=np.int64)
             for a in (flat.tensor_ids, flat.n, flat.k, flat.offsets, flat.idx)
         )
-        scatter_flat(out, ids, n, k, offsets, idx, np.ascontiguousarray(flat.val, dtype=np.float32), *tables)
+        if unscatter:
+            unscatter_flat(out, ids, n, k, offsets, idx, *tables)
+        else:
+            scatter_flat(
+                out, ids, n, k, offsets, idx, np.ascontiguousarray(flat.val, dtype=np.float32), *tables
+            )
 
 
 def decode_flat(
@@ -414,10 +422,14 @@ def decode_flat_methods(
         ]
         if len(done) == len(layouts):
             return [done[t] for t in range(len(layouts))], methods
-        buf = _buffer(plan, dt, dev)
         if live and dev.type == "cpu" and dt == torch.float32 and use_jit():
-            _scatter_compiled(plan, buf, live)
-            return invert(plan, buf, done), methods
+            zero = zero_buffer(plan.size, dt, dev)  # zero on hand-out; made zero again below
+            _scatter_compiled(plan, zero.tensor, live)
+            out = invert(plan, zero.tensor, done)
+            _scatter_compiled(plan, zero.tensor, live, unscatter=True)
+            zero.clean()
+            return out, methods
+        buf = _buffer(plan, dt, dev)
         if len(live) == 1:
             pos_np, val_np = _flat_positions(plan, live[0]), live[0].val
         elif live:  # one scatter for all: entries keep their order (packet by packet)

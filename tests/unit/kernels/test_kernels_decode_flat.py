@@ -232,3 +232,44 @@ def test_invert_skips_done_tensors_of_a_run() -> None:
     part = decode_plan.invert(plan, buf, {run.members[0]: mark})
     for t, (x, y) in enumerate(zip(full, part, strict=True)):
         assert y is mark if t == run.members[0] else torch.equal(x, y)
+
+
+def test_the_zero_buffer_is_zero_again_after_a_decode_and_after_a_failed_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The compiled decode sums into a buffer it writes zeros back into (``workspace.zero_buffer``,
+    never zeroed whole between rounds): after a decode the buffer is all zeros; a decode that fails
+    midway leaves it dirty, and the next one zeroes it whole and is still exactly right."""
+    from distronet.kernels import workspace
+
+    assert warm()
+    shapes = [(200,), (67, 131), (128, 96), (160, 144)]
+    layouts = [plan_layout(s, 16) for s in shapes]
+    nk = [(lay.n_chunks, lay.chunk_numel) for lay in layouts]
+    rounds = []
+    for seed in range(3):
+        coded, parts = [], []
+        for t, (idx, val) in enumerate(_parts(shapes, 10 + seed, 24)):
+            enc, deq = encode_tensor(
+                t, idx.numpy(), val.numpy(), nk[t][1], ValueCoding.FP32, IndexCoding.FIXED
+            )
+            coded.append(enc)
+            parts.append([(idx, torch.from_numpy(deq))])
+        rounds.append((decode_payload(encode_payload(coded), nk), parts))
+    size = plan_batch(tuple(layouts)).size
+
+    def check(flat: object, parts: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> None:
+        got = decode_flat(layouts, [flat])  # type: ignore[list-item]
+        for lay, ps, x in zip(layouts, parts, got, strict=True):
+            assert torch.equal(x, decode_sum(lay, ps))
+        state = workspace._local.zero[(torch.float32, torch.device("cpu"))]
+        assert state[1] and not state[0][:size].any()  # given back clean, and clean
+
+    check(*rounds[0])
+    with monkeypatch.context() as m:
+        m.setattr(decode, "invert", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("midway")))
+        with pytest.raises(RuntimeError, match="midway"):
+            decode_flat(layouts, [rounds[1][0]])
+    state = workspace._local.zero[(torch.float32, torch.device("cpu"))]
+    assert not state[1] and state[0][:size].any()  # left dirty: entries of the failed round
+    check(*rounds[2])

@@ -58,7 +58,17 @@ import numpy as np
 
 from distronet.kernels.coding_jit_sum import compiled
 
-__all__ = ["NOT_FINITE", "OK", "B", "dct_select", "factors", "select", "select_chunk", "select_transposed"]
+__all__ = [
+    "NOT_FINITE",
+    "OK",
+    "B",
+    "dct_select",
+    "factors",
+    "select",
+    "select_chunk",
+    "select_from",
+    "select_transposed",
+]
 
 OK = 0
 NOT_FINITE = 1
@@ -115,19 +125,52 @@ def select(
     int64 ``(N, k)`` and ``val_out`` ``(N, k)`` (``y``'s dtype); returns :data:`OK`, or
     :data:`NOT_FINITE` when one of them holds a NaN.
     """
-    nseg = br * (bc // g)
+    nb = bc // g
+    nseg = br * nb
     cn = br * bc
     row = gc * bc
-    smax = np.empty(nseg, dtype=bits.dtype)
+    mask = bits.dtype.type(inf | (inf - 1))
+    smax = np.empty((gc, nseg), dtype=bits.dtype)
+    tops = np.empty(gc, dtype=bits.dtype)
     tmp = np.empty(max(nseg, cn), dtype=bits.dtype)
     cand_i = np.empty(cn, dtype=np.int64)
     cand_m = np.empty(cn, dtype=bits.dtype)
-    for n in range(n0, n1):
-        base = (n // gc) * br * row + (n % gc) * bc
-        if select_chunk(
-            bits, y, inf, base, row, br, bc, g, k, smax, tmp, cand_i, cand_m, idx_out, val_out, n
-        ):
-            return NOT_FINITE
+    for q in range(n0 // gc, (n1 + gc - 1) // gc):  # block row by block row, read in memory order
+        c0, c1 = max(n0 - q * gc, 0), min(n1 - q * gc, gc)
+        base = q * br * row
+        tops[:] = 0
+        for r in range(br):
+            p0 = base + r * row
+            for c in range(c0, c1):
+                for s in range(nb):
+                    seg = bits[p0 + c * bc + s * g : p0 + c * bc + (s + 1) * g]
+                    m = seg[0] & mask
+                    for j in range(1, g):
+                        m = max(m, seg[j] & mask)
+                    smax[c, r * nb + s] = m
+                    tops[c] = max(tops[c], m)
+        for c in range(c0, c1):
+            if tops[c] > inf:
+                return NOT_FINITE
+            n = q * gc + c
+            select_from(
+                bits,
+                y,
+                inf,
+                base + c * bc,
+                row,
+                br,
+                bc,
+                g,
+                k,
+                smax[c],
+                tmp,
+                cand_i,
+                cand_m,
+                idx_out,
+                val_out,
+                n,
+            )
     return OK
 
 
@@ -142,7 +185,6 @@ def select_chunk(
     ``smax`` holds ``br * bc / g``, ``tmp``, ``cand_i`` and ``cand_m`` ``br * bc`` (work)."""
     mask = bits.dtype.type(inf | (inf - 1))  # every bit but the sign bit
     nb = bc // g
-    nseg = br * nb
     top = bits.dtype.type(0)
     for r in range(br):
         p0 = base + r * row
@@ -155,6 +197,20 @@ def select_chunk(
             top = max(top, m)
     if top > inf:
         return NOT_FINITE
+    select_from(bits, y, inf, base, row, br, bc, g, k, smax, tmp, cand_i, cand_m, idx_out, val_out, n)
+    return OK
+
+
+@compiled
+def select_from(
+    bits: np.ndarray, y: np.ndarray, inf: int, base: int, row: int, br: int, bc: int, g: int, k: int,
+    smax: np.ndarray, tmp: np.ndarray, cand_i: np.ndarray, cand_m: np.ndarray, idx_out: np.ndarray,
+    val_out: np.ndarray, n: int,
+) -> None:  # fmt: skip
+    """The rest of :func:`select_chunk` once its segment maxima ``smax`` are known (and finite)."""
+    mask = bits.dtype.type(inf | (inf - 1))
+    nb = bc // g
+    nseg = br * nb
     t = kth_largest(smax, nseg, k, tmp)
     count = 0
     zero = t == 0  # under k nonzero segments: keep only nonzero candidates (zeros below)
@@ -189,13 +245,13 @@ def select_chunk(
                     break
             if e_out == k:
                 break
-        return OK
+        return
     if count == k:
         for e in range(k):
             i = cand_i[e]
             idx_out[n, e] = i
             val_out[n, e] = y[base + (i // bc) * row + i % bc]
-        return OK
+        return
     t2 = kth_largest(cand_m, count, k, tmp)
     need = k
     for e in range(count):
@@ -211,7 +267,6 @@ def select_chunk(
             idx_out[n, e_out] = i
             val_out[n, e_out] = y[base + (i // bc) * row + i % bc]
             e_out += 1
-    return OK
 
 
 B = 64

@@ -99,17 +99,24 @@ def forward_spatial(x: torch.Tensor, layout: ChunkLayout, *, into_scratch: bool 
             v = F.pad(v, (0, g * b - v.numel()))
         out = scratch(1, (g, b), x.dtype, x.device) if into_scratch else None
         return torch.mm(v.view(g, b), bases[0].T, out=out)
-    (gr, _gc), (br, bc) = layout.grid, layout.block
-    (r, c), (rp, cp) = layout.core, layout.padded
-    x3 = x.reshape(layout.batch, r, c)
-    if layout.is_padded:
-        x3 = F.pad(x3, (0, cp - c, 0, rp - r))
-    # Column transform of every block at once: rows of bc along the last dim, one GEMM.
-    z = scratch(0, (layout.batch * rp * cp // bc, bc), x.dtype, x.device)
-    torch.mm(x3.reshape(-1, bc), bases[1].T, out=z)
+    (gr, _gc), (br, _bc) = layout.grid, layout.block
+    rp, cp = layout.padded
+    z = _column_transform(x, layout)
     # Row transform: D_r @ (br, Cp) slab per block row, one batched GEMM.
     y = scratch(1, (layout.batch * gr, br, cp), x.dtype, x.device) if into_scratch else None
     return torch.matmul(bases[0], z.view(layout.batch * gr, br, cp), out=y).view(layout.batch, rp, cp)
+
+
+def _column_transform(x: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
+    """``X D_c^T`` of every block of a rank >= 2 tensor (zero-padded) at once, one product over
+    rows of ``bc``: ``(batch * rp * cp / bc, bc)`` in spatial order, in scratch slot 0."""
+    (r, c), (rp, cp) = layout.core, layout.padded
+    bc = layout.block[1]
+    x3 = x.reshape(layout.batch, r, c)
+    if layout.is_padded:
+        x3 = F.pad(x3, (0, cp - c, 0, rp - r))
+    z = scratch(0, (layout.batch * rp * cp // bc, bc), x.dtype, x.device)
+    return torch.mm(x3.reshape(-1, bc), dct_basis(bc, x.dtype, x.device).T, out=z)
 
 
 def _into_chunks(x: torch.Tensor, layout: ChunkLayout, out: torch.Tensor) -> None:
@@ -269,13 +276,9 @@ def dct_accumulate(
         _check_shape(x, layout.shape, "tensor")
         with torch.no_grad():
             x = x.to(work_dtype(x.dtype))
-            (gr, _gc), (br, bc) = layout.grid, layout.block
-            (r, c), (rp, cp) = layout.core, layout.padded
-            x3 = x.reshape(layout.batch, r, c)
-            if layout.is_padded:
-                x3 = F.pad(x3, (0, cp - c, 0, rp - r))
-            z = scratch(0, (layout.batch * rp * cp // bc, bc), x.dtype, x.device)
-            torch.mm(x3.reshape(-1, bc), dct_basis(bc, x.dtype, x.device).T, out=z)
+            (gr, _gc), (br, _bc) = layout.grid, layout.block
+            cp = layout.padded[1]
+            z = _column_transform(x, layout)
             d_r = dct_basis(br, x.dtype, x.device).expand(layout.batch * gr, br, br)
             m.view(layout.batch * gr, br, cp).baddbmm_(
                 d_r, z.view(layout.batch * gr, br, cp), beta=beta, alpha=alpha

@@ -153,18 +153,27 @@ def warm() -> bool:
     table = np.arange(64, dtype=np.int64)
     out = np.zeros(64, dtype=np.float32)
     for local_at in (one - 1, one):  # chunk order and spatial order
-        scatter_flat(
-            out, flat.tensor_ids, flat.n, flat.k, flat.offsets, flat.idx, flat.val, one, one, table, local_at
-        )
+        for zero in (False, True):  # a sum, and decode.decode_flat's zero buffer made zero again
+            scatter_flat(
+                out,
+                flat.tensor_ids,
+                flat.n,
+                flat.k,
+                flat.offsets,
+                flat.idx,
+                flat.val,
+                one,
+                one,
+                table,
+                local_at,
+                zero,
+            )
     scatter_part(out, flat.idx.reshape(1, -1), flat.val.reshape(1, -1), one, table, 64)  # decode.decode_sum
-    from distronet.kernels.coding_jit_sum import unscatter_flat  # decode.decode_flat's zero buffer
-
-    unscatter_flat(out, flat.tensor_ids, flat.n, flat.k, flat.offsets, flat.idx, one, one, table, one)
     from distronet.kernels.coding_jit_sum import pack  # coding_bits.pack_bits
 
     pack(np.array([5, 1], dtype=np.int64), np.array([3, 40], dtype=np.int64), np.empty(6, np.uint8))
     from distronet.kernels.coding_bucket import _tables
-    from distronet.kernels.coding_jit_index import plan  # coding_batch._entropy (ENTROPY indices)
+    from distronet.kernels.coding_jit_index import plan  # coding_batch_plan._entropy (ENTROPY indices)
 
     two = np.array([[0, 3], [1, 2], [0, 5]], dtype=np.int64)
     ranks = np.stack([table, table])

@@ -1,6 +1,6 @@
-"""Compiled ENTROPY index planning (numba): ``coding_batch._entropy`` as one loop per tensor.
+"""Compiled ENTROPY index planning (numba): ``coding_batch_plan._entropy`` as one loop per tensor.
 
-:func:`plan` makes the choices :func:`coding_batch._entropy_numpy` makes with some twenty
+:func:`plan` makes the choices :func:`coding_batch_plan._entropy_numpy` makes with some twenty
 whole-array numpy passes per group (rank tables gathered, sorted, differenced, bucketed,
 histogrammed per tensor, each histogram costed under every bucket-code parameter pair), and the
 same outputs, exactly: per tensor the rank map of least estimated cost on the sampled chunks (the

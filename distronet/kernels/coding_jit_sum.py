@@ -36,7 +36,6 @@ __all__ = [
     "pack",
     "scatter_flat",
     "scatter_part",
-    "unscatter_flat",
     "values",
 ]
 
@@ -130,13 +129,16 @@ def values(
 def scatter_flat(
     buf: np.ndarray, ids: np.ndarray, n: np.ndarray, k: np.ndarray, offsets: np.ndarray, idx: np.ndarray,
     val: np.ndarray, cbase: np.ndarray, cbase_at: np.ndarray, local: np.ndarray, local_at: np.ndarray,
+    zero: bool,
 ) -> None:  # fmt: skip
     """``buf[position] += val`` for every entry of one flat payload, in entry order.
 
-    Entry ``o + c * k[j] + e`` of payload tensor ``j`` (``o = offsets[j]``, tensor id
-    ``t = ids[j]``, chunk ``c``) lands at ``cbase[cbase_at[t] + c] + x`` with ``x = idx`` (chunk
-    order) or ``local[local_at[t] + idx]`` when ``local_at[t] >= 0`` (spatial order). Indices
-    were checked by the payload decoder and the tables fit the buffer (``decode.decode_flat``).
+    With ``zero``, ``buf[position] = 0`` instead (``val`` unread): a buffer kept zero between sums
+    (``workspace.zero_buffer``) made zero again. Entry ``o + c * k[j] + e`` of payload tensor
+    ``j`` (``o = offsets[j]``, tensor id ``t = ids[j]``, chunk ``c``) lands at
+    ``cbase[cbase_at[t] + c] + x`` with ``x = idx`` (chunk order) or ``local[local_at[t] + idx]``
+    when ``local_at[t] >= 0`` (spatial order). Indices were checked by the payload decoder and
+    the tables fit the buffer (``decode.decode_flat``).
     """
     for j in range(ids.size):
         t, kt, o = ids[j], k[j], offsets[j]
@@ -144,33 +146,9 @@ def scatter_flat(
         for c in range(n[j]):
             base = cbase[cb + c]
             row = o + c * kt
-            if la < 0:
-                for e in range(kt):
-                    buf[base + idx[row + e]] += val[row + e]
-            else:
-                for e in range(kt):
-                    buf[base + local[la + idx[row + e]]] += val[row + e]
-
-
-@compiled
-def unscatter_flat(
-    buf: np.ndarray, ids: np.ndarray, n: np.ndarray, k: np.ndarray, offsets: np.ndarray, idx: np.ndarray,
-    cbase: np.ndarray, cbase_at: np.ndarray, local: np.ndarray, local_at: np.ndarray,
-) -> None:  # fmt: skip
-    """``buf[position] = 0`` at every position :func:`scatter_flat` adds one payload's entries
-    into (the same tables): a zeroed buffer made zero again after a sparse sum."""
-    for j in range(ids.size):
-        t, kt, o = ids[j], k[j], offsets[j]
-        cb, la = cbase_at[t], local_at[t]
-        for c in range(n[j]):
-            base = cbase[cb + c]
-            row = o + c * kt
-            if la < 0:
-                for e in range(kt):
-                    buf[base + idx[row + e]] = 0.0
-            else:
-                for e in range(kt):
-                    buf[base + local[la + idx[row + e]]] = 0.0
+            for e in range(kt):
+                p = base + (idx[row + e] if la < 0 else local[la + idx[row + e]])
+                buf[p] = 0.0 if zero else buf[p] + val[row + e]
 
 
 @compiled

@@ -352,7 +352,7 @@ def _scatter_compiled(
     """Add every payload's entries into ``buf`` (CPU float32), payload by payload, compiled:
     the additions :func:`decode_flat`'s ``index_add_`` makes, in the same order, no copies.
     ``unscatter``: write zeros at those positions instead (``workspace.zero_buffer``)."""
-    from distronet.kernels.coding_jit_sum import scatter_flat, unscatter_flat
+    from distronet.kernels.coding_jit_sum import scatter_flat
 
     out = buf.numpy()
     tables = plan.scatter_tables
@@ -361,12 +361,8 @@ def _scatter_compiled(
             np.ascontiguousarray(a, dtype=np.int64)
             for a in (flat.tensor_ids, flat.n, flat.k, flat.offsets, flat.idx)
         )
-        if unscatter:
-            unscatter_flat(out, ids, n, k, offsets, idx, *tables)
-        else:
-            scatter_flat(
-                out, ids, n, k, offsets, idx, np.ascontiguousarray(flat.val, dtype=np.float32), *tables
-            )
+        val = np.ascontiguousarray(flat.val, dtype=np.float32)
+        scatter_flat(out, ids, n, k, offsets, idx, val, *tables, unscatter)
 
 
 def decode_flat(

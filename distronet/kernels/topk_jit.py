@@ -65,7 +65,6 @@ __all__ = [
     "dct_select",
     "factors",
     "select",
-    "select_chunk",
     "select_from",
     "select_transposed",
 ]
@@ -175,39 +174,15 @@ def select(
 
 
 @compiled
-def select_chunk(
-    bits: np.ndarray, y: np.ndarray, inf: int, base: int, row: int, br: int, bc: int, g: int, k: int,
-    smax: np.ndarray, tmp: np.ndarray, cand_i: np.ndarray, cand_m: np.ndarray, idx_out: np.ndarray,
-    val_out: np.ndarray, n: int,
-) -> int:  # fmt: skip
-    """:func:`select` of one chunk, whose ``br`` rows of ``bc`` start at ``base`` in ``y``, ``row``
-    apart, into row ``n`` of ``idx_out`` and ``val_out``: :data:`OK` or :data:`NOT_FINITE`.
-    ``smax`` holds ``br * bc / g``, ``tmp``, ``cand_i`` and ``cand_m`` ``br * bc`` (work)."""
-    mask = bits.dtype.type(inf | (inf - 1))  # every bit but the sign bit
-    nb = bc // g
-    top = bits.dtype.type(0)
-    for r in range(br):
-        p0 = base + r * row
-        for q in range(nb):
-            seg = bits[p0 + q * g : p0 + (q + 1) * g]  # a view: its loop vectorises (6x faster)
-            m = seg[0] & mask
-            for j in range(1, g):
-                m = max(m, seg[j] & mask)
-            smax[r * nb + q] = m
-            top = max(top, m)
-    if top > inf:
-        return NOT_FINITE
-    select_from(bits, y, inf, base, row, br, bc, g, k, smax, tmp, cand_i, cand_m, idx_out, val_out, n)
-    return OK
-
-
-@compiled
 def select_from(
     bits: np.ndarray, y: np.ndarray, inf: int, base: int, row: int, br: int, bc: int, g: int, k: int,
     smax: np.ndarray, tmp: np.ndarray, cand_i: np.ndarray, cand_m: np.ndarray, idx_out: np.ndarray,
     val_out: np.ndarray, n: int,
 ) -> None:  # fmt: skip
-    """The rest of :func:`select_chunk` once its segment maxima ``smax`` are known (and finite)."""
+    """One chunk's top-``k`` (:func:`select`'s contract) once its segment maxima ``smax`` are known
+    and finite: the chunk's ``br`` rows of ``bc`` start at ``base`` in ``y``, ``row`` apart; writes
+    row ``n`` of ``idx_out`` and ``val_out``. ``tmp``, ``cand_i`` and ``cand_m`` hold ``br * bc``
+    (work)."""
     mask = bits.dtype.type(inf | (inf - 1))
     nb = bc // g
     nseg = br * nb
@@ -376,11 +351,11 @@ def select_transposed(
     cand_i: np.ndarray, cand_m: np.ndarray, sel: np.ndarray, selp: np.ndarray, idx_out: np.ndarray,
     val_out: np.ndarray, n: int,
 ) -> int:  # fmt: skip
-    """:func:`select_chunk` of a ``B x B`` chunk ``Y`` given transposed: ``flat`` is ``Y^T`` (C
+    """:func:`select` of one ``B x B`` chunk ``Y`` given transposed: ``flat`` is ``Y^T`` (C
     order, ``bits`` its bit patterns), so coefficient ``i = u * B + v`` of ``Y`` sits at ``v * B +
     u``. The same choice, in the same (ascending ``i``) order: the ``k`` largest magnitudes, among
     those tied at the threshold the lowest ``i``; with fewer than ``k`` nonzero values, all of them
-    and the zeros of lowest ``i``. The candidates are found as :func:`select_chunk` finds them
+    and the zeros of lowest ``i``. The candidates are found as :func:`select_from` finds them
     (segments of ``g`` along rows of ``Y^T``), then the chosen ones sorted by ``i``. ``sel`` and
     ``selp`` hold ``B * B`` int64 (work)."""
     cn = B * B

@@ -49,13 +49,14 @@ def _items(rng: np.random.Generator) -> list[Item]:
 def test_batched_payloads_equal_per_tensor_ones(jit: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Byte for byte, with the compiled ENTROPY planning and fields (``coding_jit_index``) and
     with the numpy passes."""
-    from distronet.kernels import coding_batch
+    from distronet.kernels import coding_batch, coding_batch_plan
     from distronet.kernels.coding import warm
 
     if jit:
         assert warm()
     else:
         monkeypatch.setattr(coding_batch, "use_jit", lambda: False)
+        monkeypatch.setattr(coding_batch_plan, "use_jit", lambda: False)
     rng = np.random.default_rng(0)
     maps: Counter[RankMap | None] = Counter()
     checked = 0
@@ -158,14 +159,14 @@ def _index_sets(rng: np.random.Generator) -> list[tuple[np.ndarray, int, np.ndar
 def test_the_compiled_planner_makes_the_numpy_passes_choices() -> None:
     """``_entropy`` once warm (``coding_jit_index.plan``) gives what ``_entropy_numpy`` gives:
     the same rank map per tensor, the same gaps in every non-FALLBACK row, the same wire order."""
-    from distronet.kernels import coding_batch
+    from distronet.kernels import coding_batch_plan
     from distronet.kernels.coding import warm
 
     assert warm()
     seen = set()
     for idx, cn, start in _index_sets(np.random.default_rng(3)):
-        got = coding_batch._entropy(idx, cn, start)
-        want = coding_batch._entropy_numpy(idx, cn, start)
+        got = coding_batch_plan._entropy(idx, cn, start)
+        want = coding_batch_plan._entropy_numpy(idx, cn, start)
         assert got[0] == want[0], (cn, idx.shape)
         seen |= set(want[0])
         for t, rm in enumerate(want[0]):
@@ -184,7 +185,7 @@ def test_planning_in_pieces_over_threads_gives_the_same_payload(monkeypatch: pyt
     values of one piece per group."""
     import torch
 
-    from distronet.kernels import coding_batch
+    from distronet.kernels import coding_batch_plan
     from distronet.kernels.coding import warm
 
     assert warm()
@@ -197,12 +198,12 @@ def test_planning_in_pieces_over_threads_gives_the_same_payload(monkeypatch: pyt
         val = rng.standard_normal(idx.shape).astype(np.float32)
         ids = tuple(range(10 * gi, 10 * gi + len(rows)))
         groups.append(CodingGroup(ids, rows, idx, val, cn, ValueCoding.INT8, IndexCoding.ENTROPY))
-    job = coding_batch._plan_job(groups[0].idx, 4096, np.concatenate([[0], np.cumsum(groups[0].rows)]))
+    job = coding_batch_plan._plan_job(groups[0].idx, 4096, np.concatenate([[0], np.cumsum(groups[0].rows)]))
     assert job is not None and job.pieces(1) == [(t, t + 1) for t in range(6)]
     assert job.pieces(10**9) == [(0, 6)]
-    monkeypatch.setattr(coding_batch, "PLAN_PIECE_ROWS", 10**9)
+    monkeypatch.setattr(coding_batch_plan, "PLAN_PIECE_ROWS", 10**9)
     want = encode_groups(groups)
-    monkeypatch.setattr(coding_batch, "PLAN_PIECE_ROWS", 1)
+    monkeypatch.setattr(coding_batch_plan, "PLAN_PIECE_ROWS", 1)
     threads = torch.get_num_threads()
     try:
         for n in (1, 2):

@@ -110,12 +110,12 @@ def test_what_it_leaves_to_the_matrix_products() -> None:
 
 @pytest.mark.parametrize("k", [1, 4, 32, 100, 700])
 @pytest.mark.parametrize("kind", ["ties", "few_nonzero", "all_zero", "random"])
-def test_the_transposed_selection_chooses_as_select_chunk(k: int, kind: str) -> None:
+def test_the_transposed_selection_chooses_as_select(k: int, kind: str) -> None:
     """dct_select selects from ``Y^T`` (topk_jit.select_transposed): the same indices, values and
-    order as select_chunk on ``Y``, ties at the threshold included (magnitudes from a few integers:
+    order as select on ``Y``, ties at the threshold included (magnitudes from a few integers:
     the lowest indices among the tied win), and chunks with fewer than ``k`` nonzero values."""
     from distronet.kernels.topk import _jit_segment
-    from distronet.kernels.topk_jit import select_chunk, select_transposed
+    from distronet.kernels.topk_jit import select, select_transposed
 
     rng = np.random.default_rng(k)
     cn = B * B
@@ -141,10 +141,8 @@ def test_the_transposed_selection_chooses_as_select_chunk(k: int, kind: str) -> 
             np.empty(cn, np.int64),
             np.empty(cn, np.uint32),
         )
-        assert (
-            select_chunk(flat.view(np.uint32), flat, 0x7F800000, 0, cn, 1, cn, g, k, *work, want_i, want_v, 0)
-            == 0
-        )
+        # the chunk as one row of cn (select's own layout for a chunk-order buffer)
+        assert select(flat.view(np.uint32), flat, 0x7F800000, 1, 1, 1, 1, cn, k, g, 0, 1, want_i, want_v) == 0
         yt = np.ascontiguousarray(y.T).reshape(cn)
         sel = (np.empty(cn, np.int64), np.empty(cn, np.int64))
         assert select_transposed(yt.view(np.uint32), yt, 0x7F800000, k, g, *work, *sel, got_i, got_v, 0) == 0

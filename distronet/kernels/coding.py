@@ -131,7 +131,7 @@ def decode_payload(
 
 
 def warm() -> bool:
-    """Compile the walk and the scatters (:mod:`decode`'s) now, or load them from numba's
+    """Compile the walk and the decode's loops (:mod:`decode_jit`) now, or load them from numba's
     on-disk cache, and use them from now on (:func:`mark_warm`).
 
     Returns whether the compiled path is available. Writes no file of ours (numba fills its own
@@ -141,7 +141,8 @@ def warm() -> bool:
     """
     if not HAVE_JIT:
         return False
-    from distronet.kernels.coding_jit_sum import scatter_flat, scatter_part
+    from distronet.kernels.dct import basis_numpy
+    from distronet.kernels.decode_jit import spread_flat, spread_part
 
     idx = np.array([[0, 1, 9, 17]], dtype=np.int64)
     val = np.array([[1.0, -2.0, 0.5, 3.0]], dtype=np.float32)
@@ -149,26 +150,18 @@ def warm() -> bool:
     flat = decode_compiled(data, [(1, 64)], DEFAULT_LIMITS)
     if flat is None:  # pragma: no cover - the walk refusing a payload of our own is a bug
         raise KernelError("the compiled walk refused the warm-up payload")
-    one = np.zeros(1, dtype=np.int64)
+    zero, one, sixty_four = (np.full(1, n, dtype=np.int64) for n in (0, 1, 64))
     table = np.arange(64, dtype=np.int64)
+    basis = basis_numpy(64).astype(np.float32).reshape(-1)
     out = np.zeros(64, dtype=np.float32)
-    for local_at in (one - 1, one):  # chunk order and spatial order
-        for zero in (False, True):  # a sum, and decode.decode_flat's zero buffer made zero again
-            scatter_flat(
-                out,
-                flat.tensor_ids,
-                flat.n,
-                flat.k,
-                flat.offsets,
-                flat.idx,
-                flat.val,
-                one,
-                one,
-                table,
-                local_at,
-                zero,
-            )
-    scatter_part(out, flat.idx.reshape(1, -1), flat.val.reshape(1, -1), one, table, 64)  # decode.decode_sum
+    items = np.array([[0, 0, 1]], dtype=np.int64)  # tensor 0, block row 0
+    ints = (zero, sixty_four, one, sixty_four, zero)  # its region, row size, chunks, width, basis
+    for local_at in (zero - 1, zero):  # chunk order and spatial order (decode.decode_flat)
+        spread_flat(
+            out, np.empty(64, np.float32), items, *ints, basis, zero, zero, table, local_at,
+            flat.k.reshape(1, 1), flat.offsets[:1].reshape(1, 1), flat.idx, flat.val,
+        )  # fmt: skip
+    spread_part(out, flat.idx.reshape(1, -1), flat.val.reshape(1, -1), zero, table, 64, basis)  # decode_sum
     from distronet.kernels.coding_jit_sum import pack  # coding_bits.pack_bits
 
     pack(np.array([5, 1], dtype=np.int64), np.array([3, 40], dtype=np.int64), np.empty(6, np.uint8))

@@ -1,4 +1,4 @@
-"""Compiled value dequantisation, coefficient accumulation and bit packing (numba), for payloads.
+"""Compiled value dequantisation, bit packing and error feedback (numba), for payloads.
 
 Loops that used to be a dozen numpy passes per packet:
 
@@ -8,10 +8,6 @@ Loops that used to be a dozen numpy passes per packet:
   are bit copies, fp16 goes through a table of numpy's own conversion of every half, int8 is
   ``float32(q) * scale`` (one float32 rounding, as ``np.multiply(q, scale, dtype=float32)``),
   sign1 is ``±scale``.
-* :func:`scatter_flat` adds decoded payloads into one flat float32 coefficient buffer, entry by
-  entry in payload order. Per element that is the same sequence of float32 additions, from
-  zero, as ``torch.index_add_`` over the payloads' entries concatenated in the same order (the
-  CPU kernel adds serially), so results are bit-identical and independent of thread counts.
 * :func:`pack` writes a payload's bit fields MSB-first, field by field, the bytes
   :func:`coding_bits.pack_bits` builds with eleven whole-array passes.
 
@@ -34,8 +30,6 @@ __all__ = [
     "compiled",
     "feed_back",
     "pack",
-    "scatter_flat",
-    "scatter_part",
     "values",
 ]
 
@@ -123,57 +117,6 @@ def values(
                     g = g0 + (perm[i] - off if moved else i - off)
                     out[i] = -scale if (buf[g >> 3] >> (7 - (g & 7))) & 1 else scale
     return 0
-
-
-@compiled
-def scatter_flat(
-    buf: np.ndarray, ids: np.ndarray, n: np.ndarray, k: np.ndarray, offsets: np.ndarray, idx: np.ndarray,
-    val: np.ndarray, cbase: np.ndarray, cbase_at: np.ndarray, local: np.ndarray, local_at: np.ndarray,
-    zero: bool,
-) -> None:  # fmt: skip
-    """``buf[position] += val`` for every entry of one flat payload, in entry order.
-
-    With ``zero``, ``buf[position] = 0`` instead (``val`` unread): a buffer kept zero between sums
-    (``workspace.zero_buffer``) made zero again. Entry ``o + c * k[j] + e`` of payload tensor
-    ``j`` (``o = offsets[j]``, tensor id ``t = ids[j]``, chunk ``c``) lands at
-    ``cbase[cbase_at[t] + c] + x`` with ``x = idx`` (chunk order) or ``local[local_at[t] + idx]``
-    when ``local_at[t] >= 0`` (spatial order). Indices were checked by the payload decoder and
-    the tables fit the buffer (``decode.decode_flat``).
-    """
-    for j in range(ids.size):
-        t, kt, o = ids[j], k[j], offsets[j]
-        cb, la = cbase_at[t], local_at[t]
-        for c in range(n[j]):
-            base = cbase[cb + c]
-            row = o + c * kt
-            for e in range(kt):
-                p = base + (idx[row + e] if la < 0 else local[la + idx[row + e]])
-                buf[p] = 0.0 if zero else buf[p] + val[row + e]
-
-
-@compiled
-def scatter_part(
-    buf: np.ndarray, idx: np.ndarray, val: np.ndarray, base: np.ndarray, local: np.ndarray, cn: int
-) -> bool:
-    """``buf[base[c] + local[idx[c, e]]] += val[c, e]`` for every entry of one part ``(n, k)``, row
-    by row; False (before adding anything) when an index lies outside ``[0, cn)``.
-
-    The additions :func:`decode.decode_sum`'s ``scatter_add_`` makes for this part, in the same
-    order (parts are added one after another), so sums are bit-identical. ``idx`` int64 and
-    ``val`` float32, both C-contiguous ``(n, k)``; ``base`` int64 ``(n,)``, ``local`` int64
-    ``(cn,)`` whose positions fit ``buf`` (the caller's tables).
-    """
-    n, k = idx.shape
-    for c in range(n):
-        for e in range(k):
-            i = idx[c, e]
-            if i < 0 or i >= cn:
-                return False
-    for c in range(n):
-        b = base[c]
-        for e in range(k):
-            buf[b + local[idx[c, e]]] += val[c, e]
-    return True
 
 
 @compiled

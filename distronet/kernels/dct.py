@@ -40,11 +40,13 @@ __all__ = [
     "forward_chunks",
     "forward_spatial",
     "idct_chunks",
+    "idct_rows",
     "idct_spatial",
     "index_tables",
     "spatial_from_chunks",
     "spatial_index",
     "spatial_shape",
+    "spread_rows",
     "tensor_from_blocks",
     "work_dtype",
 ]
@@ -187,15 +189,41 @@ def idct_spatial(y: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
             _check_shape(y, (layout.grid[0], layout.block[0]), "coefficients")
             v = (y @ bases[0]).reshape(-1)
             return v[: layout.numel].reshape(layout.shape)
-        (gr, _gc), (br, bc) = layout.grid, layout.block
-        (r, c), (rp, cp) = layout.core, layout.padded
+        bc, (rp, cp) = layout.block[1], layout.padded
         _check_shape(y, (layout.batch, rp, cp), "coefficients")
         z = scratch(0, (layout.batch * rp * cp // bc, bc), y.dtype, y.device)
         torch.mm(y.reshape(-1, bc), bases[1], out=z)
-        x3 = torch.matmul(bases[0].T, z.view(layout.batch * gr, br, cp)).view(layout.batch, rp, cp)
-        if layout.is_padded:
-            x3 = x3[:, :r, :c]
-        return x3.reshape(layout.shape)
+        return idct_rows(z, layout)
+
+
+def spread_rows(z: torch.Tensor, layout: ChunkLayout, idx: torch.Tensor, val: torch.Tensor) -> None:
+    """Add the first product of the inverse of coefficients ``idx``/``val`` (chunk order,
+    ``(..., n_chunks, k)``) into ``z`` (the layout's spatial-order buffer, any shape of that many
+    elements, float): each entry adds ``val * D_w[v, :]`` to its row (``w`` the block's last
+    size, ``v = idx % w`` the entry's column), entry by entry in order (``index_add_``; serial on
+    CPU, so ``kernels.decode_jit`` matches it bit for bit). ``z`` zero to start with, then
+    :func:`idct_rows`, is the inverse of the coefficients' sum, up to rounding."""
+    w = layout.block[-1]
+    v = idx % w
+    rows = torch.div(spatial_index(idx, layout) - v, w, rounding_mode="floor").reshape(-1)
+    add = dct_basis(w, z.dtype, z.device)[v.reshape(-1)].mul_(val.reshape(-1, 1).to(z.dtype))
+    z.view(-1, w).index_add_(0, rows, add)
+
+
+def idct_rows(z: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
+    """The inverse's rest once its first product is in ``z`` (spatial order, the layout's
+    ``n_coefficients`` elements, any shape; :func:`spread_rows`): for 2-D blocks the product by
+    ``D_r^T`` of every block row, a fresh tensor; for 1-D blocks nothing but a copy. Padding dropped;
+    the result never shares ``z``'s storage."""
+    if len(layout.block) == 1:
+        return z.reshape(-1)[: layout.numel].reshape(layout.shape).clone()
+    (gr, _gc), br = layout.grid, layout.block[0]
+    (r, c), (rp, cp) = layout.core, layout.padded
+    d_r = _bases(layout, z.dtype, z.device)[0]
+    x3 = torch.matmul(d_r.T, z.view(layout.batch * gr, br, cp)).view(layout.batch, rp, cp)
+    if layout.is_padded:
+        x3 = x3[:, :r, :c]
+    return x3.reshape(layout.shape)
 
 
 def _block_view(y: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """Coefficients to dense tensors: one tensor's packets (:func:`decode_sum`), or every tensor of
-every decoded payload at once (:func:`decode_flat`); each is one scatter and one inverse.
+every decoded payload at once (:func:`decode_flat`).
 
 **One tensor** (:func:`decode_sum`).
 
@@ -10,37 +10,39 @@ Entries at the same position (in one part or across parts) add up. Decoding is l
 
 Two inverses, chosen by the total ``K = sum(k)`` per chunk (see :func:`choose_method`):
 
-* ``dense``: scatter into a spatial-order coefficient buffer, then the full inverse DCT
-  (two large matrix products, ``2 * n_coefficients * (br + bc)`` flops);
+* ``dense``: the first product of the inverse (``Z = Y D_c``) built from the entries, each adding
+  ``val * D_c[v, :]`` into its row of a zeroed spatial-order buffer (``w`` multiply-adds an
+  entry: ``dct.spread_rows``), then the second product ``D_r^T Z`` (one large batched product;
+  nothing for 1-D blocks);
 * ``sparse``: each chunk as a sum of ``K`` basis products, ``X_n = A_n^T B_n`` with
   ``A_n = val * D_r[u, :]`` and ``B_n = D_c[v, :]`` (one batched matrix product,
   ``2 * n_coefficients * K`` flops), then one copy into place.
 
-On CUDA, the scatter accumulates with atomics, so the last bits of a sum may differ from
-run to run; on CPU the result is deterministic. On CPU with float32 values, once the compiled
-decoder is warm (:func:`jit_state.use_jit`), the dense inverse's scatter is one compiled loop
-per part (:func:`coding_jit_sum.scatter_part`) instead of stacking the parts and building every
-position with tensor operations: the same float32 additions in the same order, so the result is
-bit-identical to the tensor path's (``test_kernels_decode_fast.py``).
+On CUDA, ``index_add_`` accumulates with atomics, so the last bits of a sum may differ from run
+to run; on CPU the result is deterministic. On CPU with float32 values, once the compiled
+decoder is warm (:func:`jit_state.use_jit`), the entries land by one compiled loop per part
+(:func:`decode_jit.spread_part`) instead of tensor operations: the same float32 products and
+additions in the same order, so the result is bit-identical to the tensor path's
+(``test_kernels_decode_fast.py``).
 
 **Every tensor of every payload** (:func:`decode_flat`). A model has dozens of small tensors,
 and per call fixed costs (stacking, range checks, a dozen tensor operations, an inverse per
 tensor) would cost more than the arithmetic. A :class:`BatchPlan` (cached per run layout) gives
-every tensor a region of ONE flat coefficient buffer: tensors of at most
-:data:`SMALL_COEFFICIENTS` coefficients sit in chunk order, side by side with the other tensors
-of the same block shape, so one pair of matrix products inverts them all; larger tensors sit in
-spatial order and get the usual two-GEMM inverse (:func:`~distronet.kernels.dct.idct_spatial`).
-A payload's coefficients land by one compiled loop over its entries once the compiled decoder
-is warm (:func:`coding_jit_sum.scatter_flat`), else by one ``index_add_``; both add entry by
-entry in payload order, so results are bit-identical. P payloads cost one zeroing and one
-inverse per block shape plus P scatters. Results may share one storage (disjoint views), so
-in-place edits of one never touch another.
+every tensor a region of ONE flat buffer: tensors of at most :data:`SMALL_COEFFICIENTS`
+coefficients sit side by side with the other tensors of the same block shape, so one product
+finishes them all; larger tensors get their own (:func:`~distronet.kernels.dct.idct_rows`). Once
+the compiled decoder is warm, one compiled pass writes every region block row by block row
+(zeroed, then every payload's entries of that block row added, payload by payload:
+:func:`decode_jit.spread_flat`), so nothing is scattered or zeroed beforehand; else one
+``index_add_`` per tensor and payload (``dct.spread_rows``). Both add entry by entry in payload
+order, so results are bit-identical. Results may share one storage (disjoint views), so in-place
+edits of one never touch another.
 """
 
 from __future__ import annotations
 
 import functools
-from collections import OrderedDict
+import threading
 from collections.abc import Sequence
 from typing import Literal
 
@@ -49,10 +51,11 @@ import torch
 
 from distronet.kernels.coding_payload import FlatPayload
 from distronet.kernels.dct import (
+    basis_numpy,
     dct_basis,
-    idct_spatial,
+    idct_rows,
     index_tables,
-    spatial_index,
+    spread_rows,
     tensor_from_blocks,
     work_dtype,
 )
@@ -64,9 +67,10 @@ from distronet.kernels.decode_sparse import (
     sparse_limit,
     sparse_tensors,
 )
+from distronet.kernels.fanout import map_in_order
 from distronet.kernels.jit_state import use_jit
 from distronet.kernels.layout import ChunkLayout
-from distronet.kernels.workspace import scratch, zero_buffer
+from distronet.kernels.workspace import scratch
 from distronet.protocol.errors import KernelError
 
 __all__ = [
@@ -179,12 +183,15 @@ def choose_method(layout: ChunkLayout, total_k: int) -> Literal["dense", "sparse
     return "sparse" if total_k <= sparse_limit(layout) else "dense"
 
 
+def _spatial_shape(layout: ChunkLayout) -> tuple[int, ...]:
+    return (layout.grid[0], layout.block[0]) if len(layout.block) == 1 else (layout.batch, *layout.padded)
+
+
 def _dense(layout: ChunkLayout, groups: Sequence[Group], dt: torch.dtype, dev: torch.device) -> torch.Tensor:
-    spatial = (layout.grid[0], layout.block[0]) if len(layout.block) == 1 else (layout.batch, *layout.padded)
-    buf = scratch(1, spatial, dt, dev).zero_()
+    z = scratch(1, _spatial_shape(layout), dt, dev).zero_()
     for idx, val in groups:
-        buf.view(-1).scatter_add_(0, spatial_index(idx, layout).reshape(-1), val.reshape(-1))
-    return idct_spatial(buf, layout)
+        spread_rows(z, layout, idx, val)
+    return idct_rows(z, layout)
 
 
 @functools.lru_cache(maxsize=256)
@@ -214,7 +221,7 @@ def _part_arrays(part: Part) -> tuple[np.ndarray, np.ndarray] | None:
 def _dense_compiled(
     layout: ChunkLayout, parts: Sequence[Part], dt: torch.dtype, dev: torch.device
 ) -> torch.Tensor | None:
-    """:func:`_dense` with the scatter compiled (module doc), bit-identical; None where it does not
+    """:func:`_dense` with the entries' loop compiled (module doc), bit-identical; None where it does not
     apply (not CPU float32, compiled code not loaded, an index out of range: the tensor path then
     decides, with its exact error). Parts are added in :func:`_groups`' order: by ``k`` in order of
     first appearance, then in part order."""
@@ -226,18 +233,26 @@ def _dense_compiled(
         if arrays is None:
             return None
         by_k.setdefault(arrays[0].shape[1], []).append(arrays)
-    from distronet.kernels.coding_jit_sum import scatter_part
+    from distronet.kernels.decode_jit import spread_part
 
-    spatial = (layout.grid[0], layout.block[0]) if len(layout.block) == 1 else (layout.batch, *layout.padded)
-    buf = scratch(1, spatial, dt, dev)
-    flat = buf.view(-1).numpy()
+    z = scratch(1, _spatial_shape(layout), dt, dev)
+    flat = z.view(-1).numpy()
     flat.fill(0.0)  # as _dense's zero_(), without a tensor operation's dispatch
     base, local = _cpu_tables(layout)
+    w = layout.block[-1]
+    basis = _basis_flat(w)
     for members in by_k.values():
         for idx, val in members:
-            if not scatter_part(flat, idx, val, base, local, layout.chunk_numel):
+            if not spread_part(flat, idx, val, base, local, w, basis):
                 return None
-    return idct_spatial(buf, layout)
+    return idct_rows(z, layout)
+
+
+@functools.lru_cache(maxsize=16)
+def _basis_flat(w: int) -> np.ndarray:
+    """The ``(w, w)`` float32 DCT basis, flat (what ``dct_basis`` holds, as numpy)."""
+    out: np.ndarray = basis_numpy(w).astype(np.float32).reshape(-1)
+    return out
 
 
 def _sparse(layout: ChunkLayout, groups: Sequence[Group], dt: torch.dtype, dev: torch.device) -> torch.Tensor:
@@ -302,67 +317,68 @@ def decode_sum(
         return (_sparse if method == "sparse" else _dense)(layout, groups, dt, dev)
 
 
-_BASES: OrderedDict[tuple[int, bytes], np.ndarray] = OrderedDict()
-_BASES_KEEP = 8
-
-
-def _coefficient_base(plan: BatchPlan, flat: FlatPayload) -> np.ndarray:
-    """Per coefficient of ``flat``, its chunk's base position (cached per packet structure)."""
-    key = (id(plan), flat.structure)
-    hit = _BASES.get(key)
-    if hit is not None:
-        _BASES.move_to_end(key)
-        return hit
-    bases = [plan.chunk_base[t] for t in flat.tensor_ids.tolist()]
-    chunk_base = np.concatenate(bases) if bases else np.zeros(0, dtype=np.int64)
-    out = np.repeat(chunk_base, np.repeat(flat.k, flat.n))
-    _BASES[key] = out
-    if len(_BASES) > _BASES_KEEP:
-        _BASES.popitem(last=False)
-    return out
-
-
-def _flat_positions(plan: BatchPlan, flat: FlatPayload) -> np.ndarray:
-    base = _coefficient_base(plan, flat)
-    big = [(j, t) for j, t in enumerate(flat.tensor_ids.tolist()) if plan.local[t] is not None]
-    if not big:
-        out: np.ndarray = base + flat.idx
-        return out
-    pos = np.empty_like(base)
-    edges = flat.offsets.tolist()
-    last = 0
-    for j, t in big:  # big tensors: spatial order inside a chunk
-        a, b = edges[j], edges[j + 1]
-        np.add(base[last:a], flat.idx[last:a], out=pos[last:a])
-        local = plan.local[t]
-        assert local is not None
-        np.add(base[a:b], local[flat.idx[a:b]], out=pos[a:b])
-        last = b
-    np.add(base[last:], flat.idx[last:], out=pos[last:])
-    return pos
-
-
-def _buffer(plan: BatchPlan, dt: torch.dtype, dev: torch.device) -> torch.Tensor:
-    return scratch(1, (plan.size,), dt, dev).zero_()
-
-
-def _scatter_compiled(
-    plan: BatchPlan, buf: torch.Tensor, payloads: Sequence[FlatPayload], *, unscatter: bool = False
+def _spread_compiled(
+    plan: BatchPlan, z: torch.Tensor, payloads: Sequence[FlatPayload], need: np.ndarray
 ) -> None:
-    """Add every payload's entries into ``buf`` (CPU float32), payload by payload, compiled:
-    the additions :func:`decode_flat`'s ``index_add_`` makes, in the same order, no copies.
-    ``unscatter``: write zeros at those positions instead (``workspace.zero_buffer``)."""
-    from distronet.kernels.coding_jit_sum import scatter_flat
+    """Every region of ``z`` (CPU float32) that ``need`` names, written whole by
+    :func:`decode_jit.spread_flat`: block rows summed from every payload's entries, payload by
+    payload. Pieces of about equal size run on this thread and torch's other threads' worth of
+    helpers (:func:`fanout.map_in_order`; the compiled loop holds no GIL); a piece run twice (the
+    caller redoing one a helper has not finished) writes the same values."""
+    from distronet.kernels.decode_jit import spread_flat
 
-    out = buf.numpy()
-    tables = plan.scatter_tables
+    n_t = len(plan.layouts)
+    kk = np.zeros((len(payloads), n_t), dtype=np.int64)
+    oo = np.zeros((len(payloads), n_t), dtype=np.int64)
+    at = 0
+    for p, flat in enumerate(payloads):
+        kk[p, flat.tensor_ids] = flat.k
+        oo[p, flat.tensor_ids] = at + flat.offsets[:-1]
+        at += flat.idx.size
+    idx = np.concatenate([np.zeros(0, np.int64), *(flat.idx for flat in payloads)], dtype=np.int64)
+    val = np.concatenate([np.zeros(0, np.float32), *(flat.val for flat in payloads)], dtype=np.float32)
+    out, tables = z.numpy(), plan.spread_tables
+    threads = torch.get_num_threads()
+    pieces = plan.spread_pieces(need.tolist(), SPREAD_PIECES_PER_THREAD * threads if threads > 1 else 1)
+    longest = int(plan.block_rows[1].max(initial=0))
+
+    def piece(i: int) -> None:
+        spread_flat(out, _tile(longest), pieces[i], *tables, kk, oo, idx, val)
+
+    map_in_order(piece, len(pieces), threads)
+
+
+SPREAD_PIECES_PER_THREAD = 4
+""":func:`_spread_compiled` cuts a round's block rows into this many pieces per torch thread."""
+
+_tiles = threading.local()
+
+
+def _tile(n: int) -> np.ndarray:
+    """This thread's float32 scratch of at least ``n`` elements (kept: grown, never shrunk)."""
+    tile: np.ndarray | None = getattr(_tiles, "tile", None)
+    if tile is None or tile.size < n:
+        tile = _tiles.tile = np.empty(max(n, 1), dtype=np.float32)
+    return tile
+
+
+def _spread_tensors(
+    plan: BatchPlan, z: torch.Tensor, payloads: Sequence[FlatPayload], need: np.ndarray
+) -> None:
+    """:func:`_spread_compiled` by tensor operations (any device and dtype): ``z`` zeroed, then
+    per tensor ``need`` names, each payload's entries by ``dct.spread_rows``, payload by payload."""
+    z.zero_()
+    dev, dt = z.device, z.dtype
     for flat in payloads:
-        ids, n, k, offsets, idx = (
-            np.ascontiguousarray(a, dtype=np.int64)
-            for a in (flat.tensor_ids, flat.n, flat.k, flat.offsets, flat.idx)
-        )
-        val = np.ascontiguousarray(flat.val, dtype=np.float32)
-        scatter_flat(out, ids, n, k, offsets, idx, val, *tables, unscatter)
+        for j, tid in enumerate(flat.tensor_ids.tolist()):
+            if not need[tid]:
+                continue
+            lay = plan.layouts[tid]
+            a, b = int(flat.offsets[j]), int(flat.offsets[j + 1])
+            shape = (int(flat.n[j]), int(flat.k[j]))
+            idx = torch.from_numpy(flat.idx[a:b].reshape(shape)).to(dev)
+            val = torch.from_numpy(flat.val[a:b].reshape(shape)).to(device=dev, dtype=dt)
+            spread_rows(z[plan.offset[tid] : plan.offset[tid] + lay.n_coefficients], lay, idx, val)
 
 
 def decode_flat(
@@ -376,7 +392,8 @@ def decode_flat(
 
     Returns one tensor per layout (zeros where no payload carries it). The payloads' indices were
     checked by the payload decoder; their ``(n_chunks, chunk_numel)`` must be the layouts'.
-    Cost: zeroing the buffer, one scatter of all payloads' entries, one inverse per block shape;
+    Cost: one pass writing the first product of the inverse from all payloads' entries, one
+    second product per block shape;
     tensors whose summed ``k`` is small are rebuilt from their coefficients instead
     (:mod:`decode_sparse`: one batched product per block shape).
 
@@ -418,20 +435,10 @@ def decode_flat_methods(
         ]
         if len(done) == len(layouts):
             return [done[t] for t in range(len(layouts))], methods
-        if live and dev.type == "cpu" and dt == torch.float32 and use_jit():
-            zero = zero_buffer(plan.size, dt, dev)  # zero on hand-out; made zero again below
-            _scatter_compiled(plan, zero.tensor, live)
-            out = invert(plan, zero.tensor, done)
-            _scatter_compiled(plan, zero.tensor, live, unscatter=True)
-            zero.clean()
-            return out, methods
-        buf = _buffer(plan, dt, dev)
-        if len(live) == 1:
-            pos_np, val_np = _flat_positions(plan, live[0]), live[0].val
-        elif live:  # one scatter for all: entries keep their order (packet by packet)
-            pos_np = np.concatenate([_flat_positions(plan, flat) for flat in live])
-            val_np = np.concatenate([flat.val for flat in live])
-        if live:
-            pos = torch.from_numpy(pos_np).to(dev)
-            buf.index_add_(0, pos, torch.from_numpy(val_np).to(device=dev, dtype=dt))
-        return invert(plan, buf, done), methods
+        need = np.array([t not in done for t in range(len(layouts))], dtype=np.bool_)
+        z = scratch(1, (plan.size,), dt, dev)
+        if dev.type == "cpu" and dt == torch.float32 and use_jit():
+            _spread_compiled(plan, z, live, need)
+        else:
+            _spread_tensors(plan, z, live, need)
+        return invert(plan, z, done), methods

@@ -1,38 +1,45 @@
-"""Where each tensor of a run's layout lives in ONE flat coefficient buffer, and its inverse.
+"""Where each tensor of a run's layout lives in ONE flat buffer, and the rest of its inverse.
 
-:func:`decode.decode_flat` adds every decoded payload into that buffer and :func:`invert` turns
-it into the dense tensors. Tensors of at most :data:`SMALL_COEFFICIENTS` coefficients sit side by
-side with the other tensors of the same block shape: 1-D blocks in chunk order (one product
-``C D`` for them all), 2-D blocks in spatial order, each tensor's ``(batch * padded rows, padded
-cols)`` buffer stacked on the others of the same padded column count, so one ``mm`` by ``D_c``
-and one batched ``D_r^T`` product invert the whole stack and every result is a view of it.
-Larger tensors sit in spatial order too and get :func:`~distronet.kernels.dct.idct_spatial`.
+:func:`decode.decode_flat` writes the first product of the inverse of every decoded payload's sum
+into that buffer (``Z = Y D_c``, built from the entries: :mod:`decode_jit`, ``dct.spread_rows``)
+and :func:`invert` finishes it into the dense tensors. Tensors of at most
+:data:`SMALL_COEFFICIENTS` coefficients sit side by side with the other tensors of the same block
+shape: 1-D blocks in chunk order (their first product is the whole inverse), 2-D blocks in
+spatial order, each tensor's ``(batch * padded rows, padded cols)`` buffer stacked on the others
+of the same padded column count, so one batched ``D_r^T`` product finishes the whole stack and
+every result is a view of it. Larger tensors sit in spatial order too and get
+:func:`~distronet.kernels.dct.idct_rows` alone.
 
 Spatial order, not chunk order, for the small 2-D tensors: chunk order needs a permuted copy of
 every result (``tensor_from_blocks``), about 2-3 ms of the 8.0 ms inverse of the 5.3M-parameter
-Llama set (2 threads); in spatial order the inverse takes 6.1 ms. The products are
-``idct_spatial``'s own (same ``(br, cp)`` per batched product, stacked only along rows), so each
-tensor comes out bit for bit as :func:`decode.decode_sum` inverts it alone.
+Llama set (2 threads). The products are ``idct_rows``' own (same ``(br, cp)`` per batched
+product, stacked only along rows), so each tensor comes out bit for bit as
+:func:`decode.decode_sum` inverts it alone.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from distronet.kernels.dct import dct_basis, idct_spatial, tensor_from_blocks
+from distronet.kernels.dct import basis_numpy, dct_basis, idct_rows
 from distronet.kernels.layout import ChunkLayout
-from distronet.kernels.workspace import scratch
 
 __all__ = ["SMALL_COEFFICIENTS", "BatchPlan", "invert", "plan_batch"]
 
 SMALL_COEFFICIENTS = 1 << 20
 """Tensors of at most this many coefficients are small: inverted together by block shape
 (the sparse inverse's own size bound is :data:`decode_sparse.SPARSE_SMALL_COEFFICIENTS`)."""
+
+
+_SpreadTables = tuple[
+    np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+    np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -81,20 +88,72 @@ class BatchPlan:
     chunk_numel: np.ndarray
 
     @functools.cached_property
-    def scatter_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(chunk bases of all tensors, each tensor's first row there, local tables of the tensors
-        in spatial order, each one's first row there or -1): :func:`coding_jit_sum.scatter_flat`'s
-        view."""
-        cbase_at = np.cumsum([0] + [b.size for b in self.chunk_base])[:-1].astype(np.int64)
+    def block_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per tensor, its block rows (a tensor of 1-D blocks, in chunk order, counts as one) and
+        the floats of one: how :func:`decode_jit.spread_flat` walks its region."""
+        one_d = [len(lay.block) == 1 for lay in self.layouts]
+        rows = [1 if o else lay.batch * lay.grid[0] for o, lay in zip(one_d, self.layouts, strict=True)]
+        size = [
+            lay.n_coefficients if o else lay.block[0] * lay.padded[1]
+            for o, lay in zip(one_d, self.layouts, strict=True)
+        ]
+        return np.array(rows, dtype=np.int64).reshape(-1), np.array(size, dtype=np.int64).reshape(-1)
+
+    @functools.cached_property
+    def spread_tables(self) -> _SpreadTables:
+        """:func:`decode_jit.spread_flat`'s view of the plan, per tensor: region start, floats a
+        block row, chunks a block row, row width, its basis's start in the basis table; then that
+        table (every width's float32 basis, flat), the chunk bases of all tensors, each tensor's
+        first one there, the local tables of the tensors in spatial order, each one's first there
+        or -1."""
+        cpr = [lay.n_chunks if len(lay.block) == 1 else lay.grid[1] for lay in self.layouts]
+        width = [lay.block[-1] for lay in self.layouts]
+        at: dict[int, int] = {}
+        for w in width:
+            at.setdefault(w, sum(x * x for x in at))
+        basis = [basis_numpy(w).astype(np.float32).reshape(-1) for w in at]
+        cbase_at = np.cumsum([0] + [b.size for b in self.chunk_base])[:-1]
         locs = [loc for loc in self.local if loc is not None]
         sizes = [0 if loc is None else loc.size for loc in self.local]
         local_at = np.where([loc is None for loc in self.local], -1, np.cumsum([0, *sizes])[:-1])
+        region, cpr_a, width_a, basis_at = (
+            np.array(a, dtype=np.int64).reshape(-1) for a in (self.offset, cpr, width, [at[w] for w in width])
+        )
         return (
+            region,
+            self.block_rows[1],
+            cpr_a,
+            width_a,
+            basis_at,
+            np.concatenate([*basis, np.zeros(0, dtype=np.float32)]),
             np.concatenate([*self.chunk_base, np.zeros(0, dtype=np.int64)]),
-            cbase_at,
+            cbase_at.astype(np.int64),
             np.concatenate([*locs, np.zeros(0, dtype=np.int64)]),
             local_at.astype(np.int64).reshape(-1),
         )
+
+    def spread_pieces(self, need: Sequence[bool], pieces: int) -> list[np.ndarray]:
+        """The block rows of the tensors ``need`` names as at most ``pieces`` lists of ``(tensor,
+        first block row, end)`` (int64 ``(m, 3)``), about equal in floats, in buffer order."""
+        rows, size = self.block_rows
+        todo = [t for t in range(len(self.layouts)) if need[t]]
+        total = sum(int(rows[t] * size[t]) for t in todo)
+        target = max(1, -(-total // max(1, pieces)))
+        out: list[np.ndarray] = []
+        cur: list[tuple[int, int, int]] = []
+        filled = 0
+        for t in todo:
+            r = 0
+            while r < rows[t]:
+                take = max(1, min(int(rows[t]) - r, (target - filled) // int(size[t])))
+                cur.append((t, r, r + take))
+                r, filled = r + take, filled + take * int(size[t])
+                if filled >= target:
+                    out.append(np.array(cur, dtype=np.int64).reshape(-1, 3))
+                    cur, filled = [], 0
+        if cur:
+            out.append(np.array(cur, dtype=np.int64).reshape(-1, 3))
+        return out
 
     def positions(self, tid: int, idx: np.ndarray) -> np.ndarray:
         """Flat buffer positions of tensor ``tid``'s chunk-order ``idx`` (n_chunks, k)."""
@@ -164,60 +223,47 @@ def plan_batch(layouts: tuple[ChunkLayout, ...]) -> BatchPlan:
 
 
 def invert(
-    plan: BatchPlan, buf: torch.Tensor, done: Mapping[int, torch.Tensor] | None = None
+    plan: BatchPlan, z: torch.Tensor, done: Mapping[int, torch.Tensor] | None = None
 ) -> list[torch.Tensor]:
-    """The dense tensors (one per layout, ``layout.shape``) of the coefficient buffer ``buf``
-    (``(plan.size,)``, laid out by ``plan``): one product per 1-D block shape, one pair per run
-    of the small 2-D tensors (block shape and padded column count; each result a view of the
-    run's fresh product, padding sliced off), the two-GEMM spatial inverse per big tensor.
-    Results may share storage (disjoint views), never a scratch slot's.
+    """The dense tensors (one per layout, ``layout.shape``) of the flat buffer ``z``
+    (``(plan.size,)``, laid out by ``plan``) holding the first product of their inverse: a copy
+    per tensor of 1-D blocks, one ``D_r^T`` product per run of the small 2-D tensors (block shape
+    and padded column count; each result a view of the run's fresh product, padding sliced off),
+    :func:`~distronet.kernels.dct.idct_rows` per big tensor. Results never share ``z``'s storage.
 
-    ``done``: tensors already decoded (by position), returned as given; a 1-D block shape or a
-    2-D run all of whose tensors are done, and a big tensor that is, are not inverted."""
+    ``done``: tensors already decoded (by position), returned as given; a 2-D run all of whose
+    tensors are done, and any other done tensor, is not inverted (its region is not read)."""
     out: list[torch.Tensor | None] = [None] * len(plan.layouts)
     for t, x in (done or {}).items():
         out[t] = x
-    dt, dev = buf.dtype, buf.device
     for g in plan.groups:
         if len(g.block) > 1:
-            _invert_runs(plan, g, buf, out)
+            _invert_runs(plan, g, z, out)
             continue
-        if all(out[t] is not None for t in g.members):
-            continue
-        # member by member: a product of few rows (a bias's 2) may take another BLAS kernel than
-        # the same rows inside a taller one (AVX-512 MKL: last bits differ), and each member
-        # must match ``decode_sum``'s own product bit for bit
         (b,) = g.block
-        basis, rows = dct_basis(b, dt, dev), buf[g.start : g.start + g.n_chunks * b].view(g.n_chunks, b)
-        x = torch.empty_like(rows)
+        rows = z[g.start : g.start + g.n_chunks * b].view(g.n_chunks, b)
         row = 0
         for t in g.members:
             lay = plan.layouts[t]
             if out[t] is None:
-                torch.mm(rows[row : row + lay.n_chunks], basis, out=x[row : row + lay.n_chunks])
-                out[t] = tensor_from_blocks(x[row : row + lay.n_chunks], lay)
+                out[t] = idct_rows(rows[row : row + lay.n_chunks], lay)
             row += lay.n_chunks
     for t, lay in enumerate(plan.layouts):
         if plan.big[t] and out[t] is None:
-            region = buf[plan.offset[t] : plan.offset[t] + lay.n_coefficients]
-            spatial = (lay.grid[0], lay.block[0]) if len(lay.block) == 1 else (lay.batch, *lay.padded)
-            out[t] = idct_spatial(region.view(spatial), lay)
+            out[t] = idct_rows(z[plan.offset[t] : plan.offset[t] + lay.n_coefficients], lay)
     return [x for x in out if x is not None]
 
 
-def _invert_runs(plan: BatchPlan, g: _Group, buf: torch.Tensor, out: list[torch.Tensor | None]) -> None:
-    """The small 2-D tensors of ``g`` into ``out`` (those still None): per run, ``idct_spatial``'s
-    two products over the whole stack, the second into a fresh tensor that the results view."""
-    dt, dev = buf.dtype, buf.device
-    br, bc = g.block
+def _invert_runs(plan: BatchPlan, g: _Group, z: torch.Tensor, out: list[torch.Tensor | None]) -> None:
+    """The small 2-D tensors of ``g`` into ``out`` (those still None): per run, ``idct_rows``'
+    product over the whole stack, into a fresh tensor that the results view."""
+    br = g.block[0]
     for run in g.runs:
         if all(out[t] is not None for t in run.members):
             continue
-        region = buf[run.start : run.start + run.rows * run.cols]
-        z = scratch(0, (run.rows * run.cols // bc, bc), dt, dev)
-        torch.mm(region.view(-1, bc), dct_basis(bc, dt, dev), out=z)
-        x = torch.matmul(dct_basis(br, dt, dev).T, z.view(run.rows // br, br, run.cols))
-        x = x.view(run.rows, run.cols)
+        region = z[run.start : run.start + run.rows * run.cols]
+        d_r = dct_basis(br, z.dtype, z.device)
+        x = torch.matmul(d_r.T, region.view(run.rows // br, br, run.cols)).view(run.rows, run.cols)
         row = 0
         for t in run.members:
             lay = plan.layouts[t]

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from distronet.kernels.dct import work_dtype
+from distronet.kernels.dct import spread_rows, work_dtype
 from distronet.kernels.decode import Part
 from distronet.kernels.decode_plan import invert, plan_batch
 from distronet.kernels.layout import ChunkLayout
@@ -50,11 +50,12 @@ def decode_sum_many(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
 ) -> list[torch.Tensor]:
-    """``[decode_sum(layouts[t], parts[t]) for t]`` in one pass (one scatter, one inverse per block shape).
+    """``[decode_sum(layouts[t], parts[t]) for t]`` in one pass (one ``index_add_`` a part into one
+    flat buffer, one second product per block shape).
 
     ``parts[t]`` are tensor ``t``'s ``(idx, val)`` parts (any number, any k; see
     :mod:`distronet.kernels.decode`). Equal to the per-tensor decode up to rounding; always
-    ``index_add_`` (never the compiled scatter).
+    the tensor path (never the compiled one).
 
     Raises:
         KernelError: ``parts`` and ``layouts`` differ in length, a part has the wrong shape or
@@ -64,40 +65,18 @@ def decode_sum_many(
         raise KernelError(f"{len(parts)} part lists for {len(layouts)} layouts")
     plan = plan_batch(tuple(layouts))
     dt, dev = work_dtype(dtype), torch.device(device)
-    idx_all: list[np.ndarray] = []
-    val_all: list[np.ndarray] = []
-    base_all: list[np.ndarray] = []
-    cn_all: list[tuple[int, int]] = []
-    big: list[tuple[int, int]] = []
+    checked: list[tuple[int, torch.Tensor, torch.Tensor]] = []
     for t, tparts in enumerate(parts):
         lay = plan.layouts[t]
-        bases: dict[int, np.ndarray] = {}  # per k: each coefficient's chunk base
         for part in tparts:
             idx, val = _part_numpy(lay, t, part)
-            k = idx.shape[1]
-            if k not in bases:
-                bases[k] = np.repeat(plan.chunk_base[t], k)
-            if plan.local[t] is not None:
-                big.append((len(idx_all), t))
-            idx_all.append(idx.reshape(-1))
-            val_all.append(val.reshape(-1))
-            base_all.append(bases[k])
-            cn_all.append((lay.chunk_numel, idx.size))
+            if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= lay.chunk_numel):
+                bad = int(idx.min()) if int(idx.min()) < 0 else int(idx.max())
+                raise KernelError(f"an index ({bad}) is outside [0, {lay.chunk_numel})")
+            checked.append((t, torch.from_numpy(idx).to(dev), torch.from_numpy(val).to(device=dev, dtype=dt)))
     with torch.no_grad():
-        buf = scratch(1, (plan.size,), dt, dev).zero_()
-        if idx_all:
-            idx = np.concatenate(idx_all)
-            cn = np.repeat(*(np.array(c, dtype=np.int64) for c in zip(*cn_all, strict=True)))
-            bad = (idx < 0) | (idx >= cn)
-            if bool(bad.any()):
-                at = int(np.argmax(bad))
-                raise KernelError(f"an index ({int(idx[at])}) is outside [0, {int(cn[at])})")
-            within = list(idx_all)
-            for i, t in big:  # big tensors: spatial order inside a chunk (indices checked above)
-                local = plan.local[t]
-                assert local is not None
-                within[i] = local[idx_all[i]]
-            pos = np.concatenate(base_all) + (idx if not big else np.concatenate(within))
-            vals = torch.from_numpy(np.concatenate(val_all))
-            buf.index_add_(0, torch.from_numpy(pos).to(dev), vals.to(device=dev, dtype=dt))
-        return invert(plan, buf)
+        z = scratch(1, (plan.size,), dt, dev).zero_()
+        for t, idx_t, val_t in checked:
+            lay = plan.layouts[t]
+            spread_rows(z[plan.offset[t] : plan.offset[t] + lay.n_coefficients], lay, idx_t, val_t)
+        return invert(plan, z)

@@ -43,7 +43,7 @@ def _tensor_path(lay: ChunkLayout, parts: list[Part], mp: pytest.MonkeyPatch) ->
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_compiled_dense_scatter_is_bit_identical(
+def test_compiled_dense_spread_is_bit_identical(
     shape: tuple[int, ...], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lay = plan_layout(shape, 16)

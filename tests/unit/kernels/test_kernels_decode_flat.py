@@ -75,8 +75,8 @@ def test_decode_flat_of_coded_payloads_equals_decode_sum() -> None:
         decode_flat(layouts[:2], flats)
 
 
-def test_compiled_scatter_is_bit_identical_to_index_add(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The compiled scatter adds what ``index_add_`` adds, in the same order: equal bits, with
+def test_compiled_spread_is_bit_identical_to_index_add(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled spread adds what ``index_add_`` adds, in the same order: equal bits, with
     small and big (spatial-order) tensors, every coding, several k, packets missing tensors."""
     assert warm(), "numba is a dependency: the compiled decoder must be available"
     layouts = [plan_layout(s, 16) for s in SHAPES]
@@ -234,42 +234,62 @@ def test_invert_skips_done_tensors_of_a_run() -> None:
         assert y is mark if t == run.members[0] else torch.equal(x, y)
 
 
-def test_the_zero_buffer_is_zero_again_after_a_decode_and_after_a_failed_one(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The compiled decode sums into a buffer it writes zeros back into (``workspace.zero_buffer``,
-    never zeroed whole between rounds): after a decode the buffer is all zeros; a decode that fails
-    midway leaves it dirty, and the next one zeroes it whole and is still exactly right."""
+def test_the_compiled_decode_writes_every_region_it_reads() -> None:
+    """Nothing is zeroed beforehand: the compiled decode writes each region the inverse reads
+    whole (zeros, then the entries), so a buffer full of NaN from before (a failed round's
+    leftovers, say) changes no bit. One tensor is sparse (k = 2), its region neither written
+    nor read."""
     from distronet.kernels import workspace
 
     assert warm()
     shapes = [(200,), (67, 131), (128, 96), (160, 144)]
     layouts = [plan_layout(s, 16) for s in shapes]
     nk = [(lay.n_chunks, lay.chunk_numel) for lay in layouts]
-    rounds = []
+    plan = plan_batch(tuple(layouts))
     for seed in range(3):
         coded, parts = [], []
-        for t, (idx, val) in enumerate(_parts(shapes, 10 + seed, 24)):
+        for t, shape in enumerate(shapes):
+            ((idx, val),) = _parts([shape], 10 + seed + t, 2 if t == 0 else 24)
             enc, deq = encode_tensor(
                 t, idx.numpy(), val.numpy(), nk[t][1], ValueCoding.FP32, IndexCoding.FIXED
             )
             coded.append(enc)
             parts.append([(idx, torch.from_numpy(deq))])
-        rounds.append((decode_payload(encode_payload(coded), nk), parts))
-    size = plan_batch(tuple(layouts)).size
-
-    def check(flat: object, parts: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> None:
-        got = decode_flat(layouts, [flat])  # type: ignore[list-item]
+        flat = decode_payload(encode_payload(coded), nk)
+        workspace.scratch(1, (plan.size,), torch.float32, torch.device("cpu")).fill_(float("nan"))
+        got, methods = decode.decode_flat_methods(layouts, [flat])
+        assert methods == ["sparse", "dense", "dense", "dense"]
         for lay, ps, x in zip(layouts, parts, got, strict=True):
-            assert torch.equal(x, decode_sum(lay, ps))
-        state = workspace._local.zero[(torch.float32, torch.device("cpu"))]
-        assert state[1] and not state[0][:size].any()  # given back clean, and clean
+            assert torch.equal(x, decode_sum(lay, ps)) and bool(x.isfinite().all())
 
-    check(*rounds[0])
-    with monkeypatch.context() as m:
-        m.setattr(decode, "invert", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("midway")))
-        with pytest.raises(RuntimeError, match="midway"):
-            decode_flat(layouts, [rounds[1][0]])
-    state = workspace._local.zero[(torch.float32, torch.device("cpu"))]
-    assert not state[1] and state[0][:size].any()  # left dirty: entries of the failed round
-    check(*rounds[2])
+
+@pytest.mark.parametrize("pieces", [1, 3, 8, 1000])
+def test_spread_pieces_cover_every_block_row_once_in_order(pieces: int) -> None:
+    layouts = tuple(plan_layout(s, 16) for s in [(200,), (67, 131), (1, 16), (640, 480), (33,)])
+    plan = plan_batch(layouts)
+    need = [True, True, False, True, True]
+    got = plan.spread_pieces(need, pieces)
+    assert 1 <= len(got) <= pieces
+    rows = [(int(t), r) for items in got for t, r0, r1 in items.tolist() for r in range(r0, r1)]
+    rows_of, size = plan.block_rows
+    want = [(t, r) for t in range(len(layouts)) if need[t] for r in range(int(rows_of[t]))]
+    assert rows == want
+    if pieces == 3:  # about equal in floats: none more than twice the mean
+        floats = [sum((r1 - r0) * int(size[t]) for t, r0, r1 in items.tolist()) for items in got]
+        assert max(floats) <= 2 * sum(floats) / len(floats)
+
+
+def test_a_piece_written_twice_writes_the_same_bits() -> None:
+    """A round's pieces may run twice (the caller redoing one a helper has not finished): each
+    block row is summed in the thread's own tile and copied out, so writing again changes nothing."""
+    assert warm()
+    shapes = [(200,), (67, 131), (160, 144)]
+    layouts = [plan_layout(s, 16) for s in shapes]
+    flats = _payloads(shapes, 24, 3)
+    plan = plan_batch(tuple(layouts))
+    z = torch.full((plan.size,), float("nan"))
+    need = np.ones(len(layouts), dtype=np.bool_)
+    decode._spread_compiled(plan, z, flats, need)
+    once = z.clone()
+    decode._spread_compiled(plan, z, flats, need)
+    assert torch.equal(once.view(torch.int32), z.view(torch.int32)) and bool(z.isfinite().all())

@@ -86,6 +86,7 @@ __all__ = [
     "decode_sum",
     "plan_batch",
     "scatter_sum",
+    "spread_entries",
 ]
 
 Part = tuple[torch.Tensor, torch.Tensor]
@@ -320,13 +321,8 @@ def decode_sum(
 def _spread_compiled(
     plan: BatchPlan, z: torch.Tensor, payloads: Sequence[FlatPayload], need: np.ndarray
 ) -> None:
-    """Every region of ``z`` (CPU float32) that ``need`` names, written whole by
-    :func:`decode_jit.spread_flat`: block rows summed from every payload's entries, payload by
-    payload. Pieces of about equal size run on this thread and torch's other threads' worth of
-    helpers (:func:`fanout.map_in_order`; the compiled loop holds no GIL); a piece run twice (the
-    caller redoing one a helper has not finished) writes the same values."""
-    from distronet.kernels.decode_jit import spread_flat
-
+    """Every region of ``z`` (CPU float32) that ``need`` names, written whole from every
+    payload's entries, payload by payload (:func:`spread_entries`)."""
     n_t = len(plan.layouts)
     kk = np.zeros((len(payloads), n_t), dtype=np.int64)
     oo = np.zeros((len(payloads), n_t), dtype=np.int64)
@@ -337,6 +333,27 @@ def _spread_compiled(
         at += flat.idx.size
     idx = np.concatenate([np.zeros(0, np.int64), *(flat.idx for flat in payloads)], dtype=np.int64)
     val = np.concatenate([np.zeros(0, np.float32), *(flat.val for flat in payloads)], dtype=np.float32)
+    spread_entries(plan, z, kk, oo, idx, val, need)
+
+
+def spread_entries(
+    plan: BatchPlan,
+    z: torch.Tensor,
+    kk: np.ndarray,
+    oo: np.ndarray,
+    idx: np.ndarray,
+    val: np.ndarray,
+    need: np.ndarray,
+) -> None:
+    """Every region of ``z`` (CPU float32, ``(plan.size,)``) that ``need`` (bool per tensor)
+    names, written whole by :func:`decode_jit.spread_flat`: each block row summed from the
+    entries of every packet ``p`` (``kk[p, t]`` a chunk of tensor ``t`` from ``oo[p, t]`` of
+    ``idx``/``val``; int64 ``(P, T)`` each), packet by packet. Needs the compiled code warm; the
+    caller checked the indices. Pieces of about equal size run on this thread and torch's other
+    threads' worth of helpers (:func:`fanout.map_in_order`; the compiled loop holds no GIL); a
+    piece run twice (the caller redoing one a helper has not finished) writes the same values."""
+    from distronet.kernels.decode_jit import spread_flat
+
     out, tables = z.numpy(), plan.spread_tables
     threads = torch.get_num_threads()
     pieces = plan.spread_pieces(need.tolist(), SPREAD_PIECES_PER_THREAD * threads if threads > 1 else 1)

@@ -53,3 +53,17 @@ def test_missing_tensors_decode_to_zero_and_bad_parts_raise() -> None:
         decode_sum_many(layouts, [[(p[0] + 100, p[1])], []])
     with pytest.raises(KernelError):
         decode_sum_many(layouts, [[(p[0].int(), p[1])], []])
+
+
+def test_compiled_and_tensor_paths_give_the_same_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    from distronet.kernels.coding import warm
+    from distronet.node.bench import codec_kernels
+
+    assert warm()
+    layouts = [plan_layout(s, 16) for s in SHAPES]
+    per_packet = [_parts(SHAPES, seed, 1 + seed % 4) for seed in range(5)]
+    parts = [[p[t] for p in per_packet[: 1 + t % 5]] for t in range(len(SHAPES))]  # 1-5 parts a tensor
+    got = [x.clone() for x in decode_sum_many(layouts, parts)]
+    monkeypatch.setattr(codec_kernels, "use_jit", lambda: False)
+    for x, y in zip(got, decode_sum_many(layouts, parts), strict=True):
+        assert torch.equal(x.view(torch.int32), y.view(torch.int32))

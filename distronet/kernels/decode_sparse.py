@@ -25,7 +25,7 @@ import torch
 
 from distronet.kernels.coding_payload import FlatPayload
 from distronet.kernels.dct import dct_basis, tensor_from_blocks
-from distronet.kernels.decode_plan import BatchPlan
+from distronet.kernels.decode_plan import BatchPlan, _Group
 from distronet.kernels.layout import ChunkLayout
 
 __all__ = ["SPARSE_SMALL_COEFFICIENTS", "sparse_blocks", "sparse_limit", "sparse_tensors"]
@@ -117,9 +117,10 @@ def sparse_tensors(
         w = np.full(len(plan.layouts), -1, dtype=np.int64)
         w[flat.tensor_ids] = np.arange(flat.tensor_ids.size)
         where.append(w)
-    units = [(g.block, g.members) for g in plan.groups]
-    units += [(lay.block, (t,)) for t, lay in enumerate(plan.layouts) if plan.big[t]]
-    for block, members in units:
+    units: list[tuple[tuple[int, ...], tuple[int, ...], _Group | None]]
+    units = [(g.block, g.members, g if g.runs else None) for g in plan.groups]
+    units += [(lay.block, (t,), None) for t, lay in enumerate(plan.layouts) if plan.big[t]]
+    for block, members, group in units:
         got = _entries(
             payloads, where, np.array(members, dtype=np.int64), sparse_limit(plan.layouts[members[0]])
         )
@@ -128,9 +129,35 @@ def sparse_tensors(
         idx = torch.from_numpy(got[0]).to(dev)
         val = torch.from_numpy(got[1]).to(device=dev, dtype=dt)
         blocks = sparse_blocks(block, idx, val)
+        if group is not None:
+            _place_runs(plan, group, blocks, out)
+            continue
         row = 0
         for t in members:
             lay = plan.layouts[t]
             out[t] = tensor_from_blocks(blocks[row : row + lay.n_chunks], lay)
             row += lay.n_chunks
     return out
+
+
+def _place_runs(plan: BatchPlan, g: _Group, blocks: torch.Tensor, out: dict[int, torch.Tensor]) -> None:
+    """The 2-D tensors of ``g`` from their chunk-order ``blocks`` (``(N, br, bc)``, member after
+    member): per run (one padded column count) one permuted copy into spatial order, each
+    result a view of it (padding sliced off): ``tensor_from_blocks`` per tensor, without its
+    per-tensor copy."""
+    br, bc = g.block
+    row = 0
+    for run in g.runs:
+        n = run.rows // br * (run.cols // bc)
+        x = blocks[row : row + n].view(run.rows // br, run.cols // bc, br, bc).permute(0, 2, 1, 3)
+        x = x.reshape(run.rows, run.cols)
+        row += n
+        at = 0
+        for t in run.members:
+            lay = plan.layouts[t]
+            rows = lay.batch * lay.padded[0]
+            y = x[at : at + rows].view(lay.batch, *lay.padded)
+            if lay.is_padded:
+                y = y[:, : lay.core[0], : lay.core[1]]
+            out[t] = y.reshape(lay.shape)
+            at += rows

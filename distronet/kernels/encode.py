@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from distronet.kernels.dct import dct_basis, forward_chunks, work_dtype
 from distronet.kernels.decode_plan import SMALL_COEFFICIENTS
@@ -46,15 +45,6 @@ class TopkGroup:
     val: torch.Tensor
 
 
-def _into_rows(x: torch.Tensor, layout: ChunkLayout, out: torch.Tensor) -> None:
-    """Copy a rank <= 1 tensor's chunks (zero-padded) into ``out`` ``(n_chunks, b)``."""
-    (g,), (b,) = layout.grid, layout.block
-    v = x.reshape(-1)
-    if layout.is_padded:
-        v = F.pad(v, (0, g * b - v.numel()))
-    out.copy_(v.view(g, b))
-
-
 def _group_topk(
     xs: Sequence[torch.Tensor], layouts: Sequence[ChunkLayout], block: tuple[int, ...], k: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,12 +56,13 @@ def _group_topk(
     """
     dt, dev = work_dtype(xs[0].dtype), xs[0].device
     n = sum(lay.n_chunks for lay in layouts)
-    if len(block) == 1:
-        buf = torch.empty((n, block[0]), dtype=dt, device=dev)
-        row = 0
+    if len(block) == 1:  # one concatenation (zeros where a tensor's last chunk is padded)
+        flat: list[torch.Tensor] = []
         for x, lay in zip(xs, layouts, strict=True):
-            _into_rows(x.detach().to(dt), lay, buf[row : row + lay.n_chunks])
-            row += lay.n_chunks
+            flat.append(x.detach().reshape(-1).to(dt))
+            if lay.is_padded:
+                flat.append(torch.zeros(lay.grid[0] * block[0] - lay.numel, dtype=dt, device=dev))
+        buf = torch.cat(flat).view(n, block[0])
         return topk_chunks(torch.mm(buf, dct_basis(block[0], dt, dev).T), k)
     fast = dct_select_compiled(xs, layouts, k)
     if fast is not None:

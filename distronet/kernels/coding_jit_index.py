@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from distronet.kernels.coding_jit_sum import compiled
+from distronet.kernels.coding_jit_sum import compiled, inlined
 
 __all__ = ["plan"]
 
@@ -25,7 +25,7 @@ _BITLEN = np.array([v.bit_length() for v in range(1 << 15)], dtype=np.int64)
 where a shift loop per gap cost a third of the planner's time."""
 
 
-@compiled
+@inlined
 def _best(hist: np.ndarray, orders: np.ndarray, costs: np.ndarray, bmax: int) -> int:
     """``coding_bucket.best_params(...)[0]`` of a bucket histogram: the least field + escape
     bits over every ``(b0, w)``, plus the mantissas' bits."""
@@ -42,7 +42,7 @@ def _best(hist: np.ndarray, orders: np.ndarray, costs: np.ndarray, bmax: int) ->
     return best
 
 
-@compiled
+@inlined
 def _row(
     idx: np.ndarray, r0: int, tables: np.ndarray, m: int, work: np.ndarray, cnt: np.ndarray, shift: int,
     gaps: np.ndarray, order: np.ndarray, r1: int, ha: np.ndarray, hb: np.ndarray,

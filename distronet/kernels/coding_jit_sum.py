@@ -29,6 +29,7 @@ __all__ = [
     "F",
     "compiled",
     "feed_back",
+    "inlined",
     "pack",
     "values",
 ]
@@ -48,6 +49,14 @@ def compiled(fn: F) -> F:
     if not HAVE_JIT:  # pragma: no cover
         return fn
     return cast(F, numba.njit(cache=True, nogil=True, boundscheck=False)(fn))
+
+
+def inlined(fn: F) -> F:
+    """:func:`compiled`, inlined into each compiled caller (numba IR inlining): no call, and no
+    reference counting of the array arguments, per call. Called only from compiled code."""
+    if not HAVE_JIT:  # pragma: no cover
+        return fn
+    return cast(F, numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")(fn))
 
 
 BAD_VALUE = 2  # status: a value is NaN or infinite

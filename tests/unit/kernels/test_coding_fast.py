@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -205,3 +207,12 @@ def test_flat_layout_and_views() -> None:
         decode_reference(encode_payload([]), [(1, 4)]),
     ):
         assert empty.idx.size == 0 and empty.tensors() == []
+
+
+def test_the_stamp_covers_every_compiled_module() -> None:
+    """A module of numba code left out of the stamp would let a node trust a cache built from
+    its older source."""
+    folder = Path(coding_fast.__file__).parent
+    marks = ("\n@compiled", "\n@inlined")
+    compiled = {p.stem for p in folder.glob("*.py") if any(m in p.read_text() for m in marks)}
+    assert compiled and compiled <= set(coding_fast._JIT_MODULES)

@@ -52,7 +52,8 @@ __all__ = ["decode_compiled", "jit_cache_dir", "jit_stamp"]
 _PLANS_KEEP = 16
 _FP32, _FP16, _BF16, _INT8, _SIGN1 = 1, 2, 3, 4, 5
 _ENTROPY = 2
-_JIT_MODULES = ("coding_jit", "coding_jit_index", "coding_jit_sum", "decode_jit", "topk_jit")  # the numba-compiled modules
+# the numba-compiled modules
+_JIT_MODULES = ("coding_jit", "coding_jit_index", "coding_jit_sum", "decode_jit", "topk_jit")
 
 
 class _Refused(Exception):

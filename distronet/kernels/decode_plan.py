@@ -240,18 +240,29 @@ def invert(
         if len(g.block) > 1:
             _invert_runs(plan, g, z, out)
             continue
-        (b,) = g.block
-        rows = z[g.start : g.start + g.n_chunks * b].view(g.n_chunks, b)
-        row = 0
-        for t in g.members:
-            lay = plan.layouts[t]
-            if out[t] is None:
-                out[t] = idct_rows(rows[row : row + lay.n_chunks], lay)
-            row += lay.n_chunks
+        if any(out[t] is None for t in g.members):  # the first product is the inverse: a copy
+            region = z[g.start : g.start + g.n_chunks * g.block[0]].clone()
+            for t, x in zip(g.members, split_1d(plan, g.members, region), strict=True):
+                out[t] = x if out[t] is None else out[t]
     for t, lay in enumerate(plan.layouts):
         if plan.big[t] and out[t] is None:
             out[t] = idct_rows(z[plan.offset[t] : plan.offset[t] + lay.n_coefficients], lay)
     return [x for x in out if x is not None]
+
+
+def split_1d(plan: BatchPlan, members: Sequence[int], flat: torch.Tensor) -> list[torch.Tensor]:
+    """Tensors ``members`` (1-D blocks, chunk order, side by side in ``flat``) as views of it,
+    padding dropped: one split for them all, a view per tensor only where its shape needs one."""
+    sizes: list[int] = []
+    for t in members:
+        lay = plan.layouts[t]
+        sizes += [lay.numel, lay.n_coefficients - lay.numel]
+    pieces = flat.reshape(-1).split(sizes)
+    out = []
+    for j, t in enumerate(members):
+        x, shape = pieces[2 * j], plan.layouts[t].shape
+        out.append(x if tuple(x.shape) == shape else x.view(shape))
+    return out
 
 
 def _invert_runs(plan: BatchPlan, g: _Group, z: torch.Tensor, out: list[torch.Tensor | None]) -> None:

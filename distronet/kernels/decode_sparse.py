@@ -25,7 +25,7 @@ import torch
 
 from distronet.kernels.coding_payload import FlatPayload
 from distronet.kernels.dct import dct_basis, tensor_from_blocks
-from distronet.kernels.decode_plan import BatchPlan, _Group
+from distronet.kernels.decode_plan import BatchPlan, _Group, split_1d
 from distronet.kernels.layout import ChunkLayout
 
 __all__ = ["SPARSE_SMALL_COEFFICIENTS", "sparse_blocks", "sparse_limit", "sparse_tensors"]
@@ -131,6 +131,9 @@ def sparse_tensors(
         blocks = sparse_blocks(block, idx, val)
         if group is not None:
             _place_runs(plan, group, blocks, out)
+            continue
+        if len(block) == 1 and not plan.big[members[0]]:  # a group of 1-D tensors
+            out.update(zip(members, split_1d(plan, members, blocks), strict=True))
             continue
         row = 0
         for t in members:

@@ -24,6 +24,7 @@ and ``b`` for rank <= 1. Padding exists only in coefficient space: the inverse d
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -53,7 +54,8 @@ def block_size(n: int, s: int) -> int:
 
 @dataclass(frozen=True)
 class ChunkLayout:
-    """The chunking of one tensor shape at one target chunk size.
+    """The chunking of one tensor shape at one target chunk size (derived sizes computed once: the
+    decode reads them per tensor per round).
 
     Attributes:
         shape: the tensor's shape (``()`` for a scalar).
@@ -73,29 +75,29 @@ class ChunkLayout:
     n_chunks: int
     chunk_numel: int
 
-    @property
+    @functools.cached_property
     def numel(self) -> int:
         """Elements of the tensor itself (1 for a scalar)."""
         return math.prod(self.shape)
 
-    @property
+    @functools.cached_property
     def padded(self) -> tuple[int, ...]:
         """The chunked dims after padding: ``(g*b,)`` or ``(gr*br, gc*bc)``."""
         return tuple(g * b for g, b in zip(self.grid, self.block, strict=True))
 
-    @property
+    @functools.cached_property
     def is_padded(self) -> bool:
         """True when some chunked dim is zero-padded."""
         return self.padded != self.core
 
-    @property
+    @functools.cached_property
     def core(self) -> tuple[int, ...]:
         """The chunked dims before padding: ``(n,)`` or ``(R, C)``."""
         if len(self.shape) == 0:
             return (1,)
         return self.shape[-2:] if len(self.shape) >= 2 else self.shape
 
-    @property
+    @functools.cached_property
     def n_coefficients(self) -> int:
         """``n_chunks * chunk_numel``: the size of the coefficient space."""
         return self.n_chunks * self.chunk_numel

@@ -27,6 +27,7 @@ from distronet.kernels.coding_payload import FlatPayload
 from distronet.kernels.dct import dct_basis, tensor_from_blocks
 from distronet.kernels.decode_plan import BatchPlan, _Group, split_1d
 from distronet.kernels.layout import ChunkLayout
+from distronet.kernels.workspace import scratch
 
 __all__ = ["SPARSE_SMALL_COEFFICIENTS", "sparse_blocks", "sparse_limit", "sparse_tensors"]
 
@@ -50,23 +51,32 @@ def sparse_limit(layout: ChunkLayout) -> int:
     return int((SPARSE_MAX_K_SMALL if small else SPARSE_MAX_K_BIG) * layout.block[-1])
 
 
-def sparse_blocks(block: tuple[int, ...], idx: torch.Tensor, val: torch.Tensor) -> torch.Tensor:
+def sparse_blocks(
+    block: tuple[int, ...], idx: torch.Tensor, val: torch.Tensor, *, into_scratch: bool = False
+) -> torch.Tensor:
     """Chunks ``(N, *block)`` (chunk order) from their coefficients: ``idx`` int64 ``(N, K)``
-    (chunk-order positions), ``val`` ``(N, K)``; entries at one position add up."""
+    (chunk-order positions), ``val`` ``(N, K)``; entries at one position add up.
+
+    ``into_scratch``: the factors and the product live in this thread's scratch buffers
+    (``workspace.scratch`` slots 3-5: no fresh memory, whose page faults cost a single packet's
+    decode more than its product), valid until the next such call; the caller copies out."""
     n, kk = idx.shape
     dt, dev = val.dtype, val.device
     bc = block[-1]
     basis_c = dct_basis(bc, dt, dev)
+
+    def buffer(slot: int, shape: tuple[int, ...]) -> torch.Tensor | None:
+        return scratch(slot, shape, dt, dev) if into_scratch else None
+
     if len(block) == 1:
         a = val.unsqueeze(-1)  # (N, K, 1)
     else:
-        a = (
-            torch.index_select(dct_basis(block[0], dt, dev), 0, (idx // bc).reshape(-1))
-            .view(n, kk, -1)
-            .mul_(val.unsqueeze(-1))
-        )
-    b = torch.index_select(basis_c, 0, (idx % bc).reshape(-1)).view(n, kk, bc)
-    return torch.bmm(a.transpose(1, 2), b)  # (N, br, bc) or (N, 1, b)
+        rows = (idx // bc).reshape(-1)
+        a = torch.index_select(dct_basis(block[0], dt, dev), 0, rows, out=buffer(3, (n * kk, block[0])))
+        a = a.view(n, kk, -1).mul_(val.unsqueeze(-1))
+    b = torch.index_select(basis_c, 0, (idx % bc).reshape(-1), out=buffer(4, (n * kk, bc))).view(n, kk, bc)
+    out = buffer(5, (n, a.shape[2], bc))
+    return torch.bmm(a.transpose(1, 2), b, out=out)  # (N, br, bc) or (N, 1, b)
 
 
 def _entries(
@@ -128,7 +138,7 @@ def sparse_tensors(
             continue
         idx = torch.from_numpy(got[0]).to(dev)
         val = torch.from_numpy(got[1]).to(device=dev, dtype=dt)
-        blocks = sparse_blocks(block, idx, val)
+        blocks = sparse_blocks(block, idx, val, into_scratch=group is not None)
         if group is not None:
             _place_runs(plan, group, blocks, out)
             continue
@@ -145,15 +155,16 @@ def sparse_tensors(
 
 def _place_runs(plan: BatchPlan, g: _Group, blocks: torch.Tensor, out: dict[int, torch.Tensor]) -> None:
     """The 2-D tensors of ``g`` from their chunk-order ``blocks`` (``(N, br, bc)``, member after
-    member): per run (one padded column count) one permuted copy into spatial order, each
-    result a view of it (padding sliced off): ``tensor_from_blocks`` per tensor, without its
-    per-tensor copy."""
+    member; may be scratch): per run (one padded column count) one permuted copy into fresh
+    spatial-order memory, each result a view of it (padding sliced off): ``tensor_from_blocks``
+    per tensor, without its per-tensor copy."""
     br, bc = g.block
     row = 0
     for run in g.runs:
         n = run.rows // br * (run.cols // bc)
-        x = blocks[row : row + n].view(run.rows // br, run.cols // bc, br, bc).permute(0, 2, 1, 3)
-        x = x.reshape(run.rows, run.cols)
+        src = blocks[row : row + n].view(run.rows // br, run.cols // bc, br, bc).permute(0, 2, 1, 3)
+        x = torch.empty((run.rows, run.cols), dtype=blocks.dtype, device=blocks.device)
+        x.view(src.shape).copy_(src)  # always a copy: blocks may be scratch
         row += n
         at = 0
         for t in run.members:

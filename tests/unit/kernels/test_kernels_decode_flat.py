@@ -293,3 +293,18 @@ def test_a_piece_written_twice_writes_the_same_bits() -> None:
     once = z.clone()
     decode._spread_compiled(plan, z, flats, need)
     assert torch.equal(once.view(torch.int32), z.view(torch.int32)) and bool(z.isfinite().all())
+
+
+@pytest.mark.parametrize("k", [2, 24])  # sparse inverse (scratch factors and product), dense
+def test_results_never_share_memory_with_the_next_decode(k: int) -> None:
+    """The decode's temporaries live in per-thread scratch buffers; what it returns must not:
+    a second decode leaves the first one's results as they were."""
+    shapes = [(200,), (67, 131), (160, 144), (128, 64), (640, 256)]
+    layouts = [plan_layout(s, 16) for s in shapes]
+    first, second = _payloads(shapes, k, 2)
+    got = decode_flat(layouts, [first])
+    kept = [x.clone() for x in got]
+    decode_flat(layouts, [second])
+    decode_flat(layouts, [second, first])
+    for x, y in zip(got, kept, strict=True):
+        assert torch.equal(x, y)

@@ -138,18 +138,16 @@ def sparse_tensors(
             continue
         idx = torch.from_numpy(got[0]).to(dev)
         val = torch.from_numpy(got[1]).to(device=dev, dtype=dt)
-        blocks = sparse_blocks(block, idx, val, into_scratch=group is not None)
+        one_d_group = len(block) == 1 and not plan.big[members[0]]
+        blocks = sparse_blocks(block, idx, val, into_scratch=not one_d_group)
         if group is not None:
             _place_runs(plan, group, blocks, out)
-            continue
-        if len(block) == 1 and not plan.big[members[0]]:  # a group of 1-D tensors
+        elif one_d_group:
             out.update(zip(members, split_1d(plan, members, blocks), strict=True))
-            continue
-        row = 0
-        for t in members:
-            lay = plan.layouts[t]
-            out[t] = tensor_from_blocks(blocks[row : row + lay.n_chunks], lay)
-            row += lay.n_chunks
+        else:  # a big tensor: copied out of the scratch product
+            (t,) = members
+            x = tensor_from_blocks(blocks, plan.layouts[t])
+            out[t] = x.clone() if x.untyped_storage().data_ptr() == blocks.untyped_storage().data_ptr() else x
     return out
 
 

@@ -295,11 +295,15 @@ def test_a_piece_written_twice_writes_the_same_bits() -> None:
     assert torch.equal(once.view(torch.int32), z.view(torch.int32)) and bool(z.isfinite().all())
 
 
-@pytest.mark.parametrize("k", [2, 24])  # sparse inverse (scratch factors and product), dense
-def test_results_never_share_memory_with_the_next_decode(k: int) -> None:
+@pytest.mark.parametrize("k", [1, 2, 24])  # sparse inverse (scratch factors, product; big ones at 1), dense
+def test_results_never_share_memory_with_the_next_decode(k: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The decode's temporaries live in per-thread scratch buffers; what it returns must not:
-    a second decode leaves the first one's results as they were."""
-    shapes = [(200,), (67, 131), (160, 144), (128, 64), (640, 256)]
+    a second decode leaves the first one's results as they were. Big tensors too (here over
+    4,000 coefficients), whose chunk-order product is the result's own order when they are 1-D
+    or one block wide (over ``workspace.MIN_SCRATCH_NUMEL``: in scratch)."""
+    monkeypatch.setattr(decode_plan, "SMALL_COEFFICIENTS", 4_000)
+    plan_batch.cache_clear()
+    shapes = [(200,), (67, 131), (160, 144), (128, 64), (640, 256), (70_000,), (4_400, 16), (300, 16)]
     layouts = [plan_layout(s, 16) for s in shapes]
     first, second = _payloads(shapes, k, 2)
     got = decode_flat(layouts, [first])

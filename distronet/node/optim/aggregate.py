@@ -1,12 +1,13 @@
 """A round's aggregate: every tensor's sum of the accepted packets, decoded in one pass.
 
 ``decode_sum`` per tensor (what the optimizer ran before) costs, per tensor and per accepted
-packet, a few tensor views, a numpy conversion and a compiled-scatter call, and an inverse per
-tensor: with the default GPT's 53 tensors that is ~200 small calls for a round of 4 packets.
-:func:`round_sums` decodes the whole round with ``decode_flat`` instead: one compiled scatter
-per packet over all its tensors (packet by packet, peer-id order) and one inverse per block
-shape. The sums are the same additions in the same order and the inverse the same two
-products, so each tensor comes out bit for bit as ``decode_sum`` gives it (tests hold this).
+packet, a few tensor views, a numpy conversion and a compiled call, and an inverse per tensor:
+with the default GPT's 53 tensors that is ~200 small calls for a round of 4 packets.
+:func:`round_sums` decodes the whole round with ``decode_flat`` instead: one compiled pass that
+builds the first product of every tensor's inverse from all packets' entries (packet by packet,
+peer-id order), and one second product per block shape. The sums are the same products and
+additions in the same order and the second product the same one, so each tensor comes out bit
+for bit as ``decode_sum`` gives it (tests hold this).
 
 ``decode_sum`` picks a sparse inverse when a tensor's summed k is small (``choose_method``), and
 ``decode_flat`` takes the same one for such tensors when every packet carries them at one k
@@ -30,8 +31,9 @@ def round_sums(dec: DecodedRound, plans: Sequence[TensorPlan], device: torch.dev
     """Per plan (plans in tensor-id order, ids ``0..T-1``), the sum of the accepted packets' parts
     as a float32 tensor of the parameter's shape on ``device``: ``decode_sum(plan.layout,
     dec.parts[tid])`` bit for bit (module doc). Tensors of one call may share storage (disjoint
-    views). Cost on the CPU: one scatter per packet and one inverse per block shape (dense or
-    sparse), plus ``decode_sum`` for a tensor whose inverse ``decode_flat`` would not share.
+    views). Cost on the CPU: one pass over every packet's entries and one product per block
+    shape (dense), or one batched product per block shape (sparse), plus ``decode_sum`` for a
+    tensor whose inverse ``decode_flat`` would not share.
     """
     if any(p.tensor_id != i for i, p in enumerate(plans)):
         raise ValueError("plans must be in tensor-id order, ids 0..T-1")

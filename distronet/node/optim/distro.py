@@ -6,12 +6,12 @@ One step ``t`` (ARCHITECTURE.md §3), per parameter, momentum kept in DCT coeffi
     send = quantise(top-k per chunk of m̂)  → sealed packet for step t → exchange.publish
     m̂ ← m̂ − dequantised(send)            (exact error feedback, quantisation error included)
     round = exchange.collect(t)            (accepted set, identical on every replica)
-    D = IDCT(Σ_peers parts, peer-id order) / n_accepted      (aggregate.round_sums: one scatter
-                                            per packet, ONE inverse per block shape, all tensors)
+    D = IDCT(Σ_peers parts, peer-id order) / n_accepted      (aggregate.round_sums: one pass over
+                                            every packet's entries, ONE inverse per block shape)
     θ ← θ·(1 − lr·λ) − lr·rule(D)          (decoupled weight decay; rule: sign / RMS / ortho)
 
 Determinism: every replica decodes the same frames, sums them in ascending peer-id order and
-runs the same kernels, so all replicas apply a bit-identical update (on CPU; CUDA scatter uses
+runs the same kernels, so all replicas apply a bit-identical update (on CPU; CUDA's index_add_ uses
 atomics). If this peer's own packet is not in the accepted set, what it sent is added back to
 its momentum, so nothing is lost.
 

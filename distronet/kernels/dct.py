@@ -46,6 +46,7 @@ __all__ = [
     "spatial_from_chunks",
     "spatial_index",
     "spatial_shape",
+    "spread_by_product",
     "spread_rows",
     "tensor_from_blocks",
     "work_dtype",
@@ -199,15 +200,31 @@ def idct_spatial(y: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
 def spread_rows(z: torch.Tensor, layout: ChunkLayout, idx: torch.Tensor, val: torch.Tensor) -> None:
     """Add the first product of the inverse of coefficients ``idx``/``val`` (chunk order,
     ``(..., n_chunks, k)``) into ``z`` (the layout's spatial-order buffer, any shape of that many
-    elements, float): each entry adds ``val * D_w[v, :]`` to its row (``w`` the block's last
-    size, ``v = idx % w`` the entry's column), entry by entry in order (``index_add_``; serial on
-    CPU, so ``kernels.decode_jit`` matches it bit for bit). ``z`` zero to start with, then
-    :func:`idct_rows`, is the inverse of the coefficients' sum, up to rounding."""
+    elements, float). ``z`` zero to start with, then :func:`idct_rows`, is the inverse of the
+    coefficients' sum, up to rounding.
+
+    On the CPU each entry adds ``val * D_w[v, :]`` to its row (``w`` the block's last size, ``v =
+    idx % w`` the entry's column), entry by entry in order (``index_add_``, serial there), so
+    ``kernels.decode_jit`` matches it bit for bit. On other devices (whose ``index_add_`` adds
+    with atomics anyway) the coefficients are scattered and multiplied by ``D_w`` once: a
+    coefficient buffer of temporary memory where the rows would take ``w`` floats an entry."""
+    if z.device.type != "cpu":
+        spread_by_product(z, layout, idx, val)
+        return
     w = layout.block[-1]
+    basis = dct_basis(w, z.dtype, z.device)
     v = idx % w
     rows = torch.div(spatial_index(idx, layout) - v, w, rounding_mode="floor").reshape(-1)
-    add = dct_basis(w, z.dtype, z.device)[v.reshape(-1)].mul_(val.reshape(-1, 1).to(z.dtype))
-    z.view(-1, w).index_add_(0, rows, add)
+    z.view(-1, w).index_add_(0, rows, basis[v.reshape(-1)].mul_(val.reshape(-1, 1).to(z.dtype)))
+
+
+def spread_by_product(z: torch.Tensor, layout: ChunkLayout, idx: torch.Tensor, val: torch.Tensor) -> None:
+    """:func:`spread_rows` on devices other than the CPU: the coefficients scattered into a zeroed
+    buffer, then ``z += C D_w`` (one product; equal to the CPU's sums up to rounding)."""
+    w = layout.block[-1]
+    coef = torch.zeros(z.numel(), dtype=z.dtype, device=z.device)
+    coef.scatter_add_(0, spatial_index(idx, layout).reshape(-1), val.reshape(-1).to(z.dtype))
+    z.view(-1, w).addmm_(coef.view(-1, w), dct_basis(w, z.dtype, z.device))
 
 
 def idct_rows(z: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:

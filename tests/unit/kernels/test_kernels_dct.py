@@ -171,3 +171,25 @@ def test_dct_accumulate_spatial_checks_its_shapes() -> None:
         )
     with pytest.raises(KernelError, match="2-D"):
         dct_accumulate(torch.zeros(1, 40), torch.zeros(40), plan_layout((40,), 16), 0.9, 1.0, spatial=True)
+
+
+@pytest.mark.parametrize("shape", [(200,), (67, 131), (3, 40, 70)])
+def test_both_first_products_invert_the_sum_of_parts(shape: tuple[int, ...]) -> None:
+    """The entries' rows (the CPU) and one product of scattered coefficients (other devices)
+    build the same first product up to rounding; with the rest of the inverse, the coefficients'
+    sum (entries at one position in two parts add up) goes back to the tensor it came from."""
+    from distronet.kernels.dct import idct_rows, spread_by_product, spread_rows
+
+    lay = plan_layout(shape, 16)
+    g = torch.Generator().manual_seed(3)
+    c = dct_chunks(torch.randn(shape, generator=g, dtype=torch.float64), lay)
+    full = torch.arange(lay.chunk_numel).expand(lay.n_chunks, -1)
+    half = c / 2  # two parts that each carry half of every coefficient
+    built = []
+    for spread in (spread_rows, spread_by_product):
+        z = torch.zeros(lay.n_coefficients, dtype=torch.float64)
+        spread(z, lay, full, half)
+        spread(z, lay, full, half)
+        built.append(z)
+    torch.testing.assert_close(built[0], built[1], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(idct_rows(built[0], lay), idct_chunks(c, lay), rtol=1e-10, atol=1e-10)

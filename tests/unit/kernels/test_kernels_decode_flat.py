@@ -112,6 +112,12 @@ def _payloads(shapes: list[tuple[int, ...]], k: int, n: int, skip: int | None = 
     return out
 
 
+def _parts_of(flats: list, t: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Tensor ``t``'s parts in the payloads, in payload order: ``decode_sum``'s arguments."""
+    mine = [d for f in flats for d in f.tensors() if d.tensor_id == t]
+    return [(torch.from_numpy(d.idx), torch.from_numpy(d.val)) for d in mine]
+
+
 @pytest.mark.parametrize(("k", "n"), [(1, 1), (3, 1), (3, 2), (8, 1)])
 def test_sparse_inverse_is_bit_identical_to_decode_sum(k: int, n: int) -> None:
     """Small summed k: decode_flat rebuilds every tensor (small ones by block shape, the big one
@@ -121,12 +127,7 @@ def test_sparse_inverse_is_bit_identical_to_decode_sum(k: int, n: int) -> None:
     flats = _payloads(SHAPES, k, n)
     got, took = decode.decode_flat_methods(layouts, flats)
     for t, (lay, x) in enumerate(zip(layouts, got, strict=True)):
-        parts = [
-            (torch.from_numpy(d.idx), torch.from_numpy(d.val))
-            for f in flats
-            for d in f.tensors()
-            if d.tensor_id == t
-        ]
+        parts = _parts_of(flats, t)
         total = sum(int(p[0].shape[1]) for p in parts)
         assert took[t] == decode.choose_method(lay, total)
         want = decode_sum(lay, parts, dtype=torch.float32)
@@ -143,12 +144,7 @@ def test_sparse_inverse_skips_a_block_shape_some_packet_half_carries() -> None:
     got, took = decode.decode_flat_methods(layouts, flats)
     assert took == ["dense", "dense", "sparse", "sparse"]
     for t, (lay, x) in enumerate(zip(layouts, got, strict=True)):
-        parts = [
-            (torch.from_numpy(d.idx), torch.from_numpy(d.val))
-            for f in flats
-            for d in f.tensors()
-            if d.tensor_id == t
-        ]
+        parts = _parts_of(flats, t)
         torch.testing.assert_close(x, decode_sum(lay, parts, method="dense"), atol=2e-5, rtol=1e-5)
 
 
@@ -208,12 +204,7 @@ def test_dense_inverse_is_bit_identical_to_decode_sum(monkeypatch: pytest.Monkey
     assert took == ["dense"] * len(layouts)
     kept = [x.clone() for x in got]
     for t, (lay, x) in enumerate(zip(layouts, got, strict=True)):
-        parts = [
-            (torch.from_numpy(d.idx), torch.from_numpy(d.val))
-            for f in flats
-            for d in f.tensors()
-            if d.tensor_id == t
-        ]
+        parts = _parts_of(flats, t)
         want = decode_sum(lay, parts, dtype=torch.float32)
         assert x.shape == lay.shape and torch.equal(x.view(torch.int32), want.view(torch.int32)), t
     decode_flat(layouts, _payloads(DENSE_SHAPES, 12, 1))

@@ -109,12 +109,38 @@ class SwarmConfig:
                 raise ConfigError(f"a relay address must end in /p2p/<peer id>, got {m!r}")
 
 
+CANCEL_GRACE_S = 1.0
+"""How long :func:`with_deadline` waits for a late call to take its cancellation."""
+
+
 async def with_deadline(aw: Awaitable[T], timeout: float, what: str) -> T:
-    """Await ``aw`` for at most ``timeout`` seconds; raise ``DaemonError`` naming ``what`` if late."""
+    """Await ``aw`` for at most ``timeout`` seconds; raise ``DaemonError`` naming ``what`` if late.
+
+    As ``asyncio.wait_for``, a late call is cancelled, and one that finishes while being cancelled
+    gives its result (or raises its error), so a connection made at the deadline is not dropped
+    unclosed. Unlike it, the cancellation is waited for :data:`CANCEL_GRACE_S` at most: hivemind's
+    DHT calls can swallow it, and ``wait_for`` then waited forever (a node's membership close
+    hung that way, with p2pd alive). A call abandoned so runs on; its outcome is dropped.
+    """
+    task = asyncio.ensure_future(aw)
     try:
-        return await asyncio.wait_for(aw, timeout)
-    except asyncio.TimeoutError:
-        raise DaemonError(f"{what}: no answer within {timeout:.1f} s") from None
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+        if not done:
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=CANCEL_GRACE_S)
+    except asyncio.CancelledError:
+        _abandon(task)
+        raise
+    if not done or task.cancelled():
+        _abandon(task)
+        raise DaemonError(f"{what}: no answer within {timeout:.1f} s")
+    return task.result()
+
+
+def _abandon(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task`` and stop waiting for it; its error, if any, is retrieved when it ends."""
+    task.cancel()
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
 class _PubsubP2P(P2P):  # type: ignore[misc]

@@ -1,8 +1,9 @@
 """The fit estimate against the memory real training takes (``tools/fit_check.py``; issue 18): for
 the built-in GPT and the ``bench converge --model llama`` Llama, a fresh process runs three real
 training steps (``Trainer`` + ``DistroOptimizer`` over a one-peer hub) and its peak resident set
-over the steps, less its resident set before the build, is within 15 % of the estimate; one
-setting with activation checkpointing."""
+over the steps, less its resident set before the build, is within 15 % of the estimate (the
+median of three fresh processes: one process's peak moves by ~10 % either way, and a single run
+on a loaded CI machine measured 22 % over); one setting with activation checkpointing."""
 
 from __future__ import annotations
 
@@ -40,4 +41,5 @@ def test_estimate_within_15_percent_of_measured_peak_rss(
     assert row["checkpointing"] is checkpointing
     # model memory dominates: the estimate's activations and their heap share are > 250 MB here
     assert row["breakdown"]["activations"] + row["breakdown"]["allocator"] > 250e6
+    assert len(row["measured_runs"]) == 3 and row["measured_bytes"] == sorted(row["measured_runs"])[1]
     assert abs(row["ratio"] - 1.0) <= 0.15, row

@@ -23,7 +23,8 @@ model's shape (layers, width, heads, head size, MLP width, vocabulary) and the r
 * ``parameters``, ``gradients``: float32, the parameter shapes of the built model
   (:func:`param_shapes`; the gradients of all of them live from the first backward pass to the
   optimizer step).
-* ``optimizer``: the DCT momentum (each tensor's padded chunk layout, ``kernels.layout``) and
+* ``optimizer``: the DCT momentum (each tensor's padded chunk layout, ``kernels.layout``), the
+  decode's scratch kept between rounds (:data:`DECODE_SCRATCH_FLOATS` a coefficient), and
   what the preset adds: the overlap consensus copy, the outer-momentum buffer, Adam's second
   moment, the ``ema`` guess.
 * ``activations``: the peak of one forward + backward pass: every tensor autograd saves for the
@@ -79,6 +80,9 @@ __all__ = [
 F32 = 4
 MiB = 1 << 20
 CPU_RUNTIME_BYTES = 48 * MiB  # kernel code and thread-local buffers faulted in by the first pass
+DECODE_SCRATCH_FLOATS = 3
+"""Floats a DCT coefficient that the decode's per-thread scratch holds between rounds (see
+``estimate``): one for the dense inverse, up to two for the sparse one."""
 CUDA_RUNTIME_BYTES = 64 * MiB  # cuBLAS workspaces, allocated through torch's caching allocator
 HEAP_RETENTION = 0.35
 """CPU: the share of the activation peak glibc's heap keeps beyond the live tensors, from the
@@ -342,6 +346,10 @@ def estimate(
     params = grads = F32 * n_params
 
     state = F32 * coeffs  # DCT momentum
+    # the decode's scratch, kept per thread from round to round (``kernels.workspace``): the dense
+    # inverse's first product (one float a coefficient), the sparse inverse's factors and product
+    # (at most two a coefficient); held through the next forward and backward, so not a temporary
+    state += DECODE_SCRATCH_FLOATS * F32 * coeffs
     if optimizer.overlap.enabled:
         state += F32 * n_params  # consensus copy
         if optimizer.overlap.predict == "ema":

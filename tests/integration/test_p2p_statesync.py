@@ -82,7 +82,10 @@ async def test_newcomer_fetches_from_several_donors_with_progress(
     assert blob == BLOB and manifest.step == 7
     assert "13 chunks" in describe(manifest)
     assert da.puller.served + db.puller.served == 13
-    assert da.puller.served >= 3 and db.puller.served >= 3  # spread, not one donor doing it all
+    # spread, not one donor doing it all: each of a donor's `per_donor` workers opens with a chunk
+    # from it. Past that first wave the faster donor takes more (a loaded CI host once split the
+    # 13 chunks 11/2), so only the opening wave is certain.
+    assert da.puller.served >= 2 and db.puller.served >= 2
     assert seen[-1] == (len(BLOB), len(BLOB)) and [d for d, _ in seen] == sorted(d for d, _ in seen)
 
 

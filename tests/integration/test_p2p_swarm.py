@@ -25,7 +25,15 @@ from distronet.node.swarm.budget import EXACT, Bandwidth
 from distronet.node.swarm.errors import DaemonError, GossipError, PullError, PullNotFound, PullPruned
 from distronet.node.swarm.membership import MembershipConfig
 from distronet.node.swarm.p2p import SwarmConfig, SwarmHost
-from distronet.node.swarm.pull import Puller, _Stale, encode_response_header, nobody_holds
+from distronet.node.swarm.pubsub import Gossip
+from distronet.node.swarm.pull import (
+    PULL_PROTOCOL,
+    ContentStore,
+    Puller,
+    _Stale,
+    encode_response_header,
+    nobody_holds,
+)
 from distronet.node.swarm.servicer import StreamCall, StreamRoute, StreamServicer
 from distronet.node.swarm.stack import Swarm
 from distronet.protocol.errors import ConfigError, RejectCode, Rejected
@@ -235,6 +243,53 @@ async def test_missing_and_oversize_payloads_get_typed_errors(nodes: list[Swarm]
         )
     assert a.host.peer_id_b58 in missing.value.causes
     assert digest not in b.puller.store
+
+
+async def test_a_pull_that_ends_after_its_puller_closed_keeps_no_stream(nodes: list[Swarm]) -> None:
+    """A stream-reusing puller hands a clean stream back to its idle pool; once the puller is
+    closed (a pull still in flight, or started after), the stream is closed instead: a pooled
+    one would outlive the puller, an unclosed socket for the collector."""
+    a, b, _ = nodes
+    late = Puller(
+        b.host,
+        ContentStore(),
+        Bandwidth.unlimited(),
+        serve_timeout_s=0,
+        protocol=PULL_PROTOCOL,
+        reuse_streams=True,
+    )
+    blob = os.urandom(10_000)
+    digest = a.puller.store.put(blob, step=9)
+    await late.close()
+    assert await late.fetch(a.host.peer_id, digest, max_bytes=2**20, timeout=10.0) == blob
+    assert late.streams_opened == 1 and late._idle == {}
+
+
+async def test_a_gossip_client_closed_while_it_connects_keeps_no_connection(nodes: list[Swarm]) -> None:
+    """``Gossip.close`` landing while a call opens its control connection: the new connection is
+    closed and the call raises GossipError (it used to become the kept connection of a closed
+    client, left to the collector); calls and subscriptions after close open nothing."""
+    a = nodes[0]
+    gossip = Gossip(a.host)
+    await gossip.topics()
+    assert gossip._kept is not None  # the kept connection, working
+    gossip._drop_kept()  # the next call opens a new one
+    connect, opened = gossip._connect, []
+
+    async def connect_while_closing() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        conn = await connect()
+        opened.append(conn)
+        await gossip.close()
+        return conn
+
+    gossip._connect = connect_while_closing  # type: ignore[method-assign]
+    with pytest.raises(GossipError, match="closed"):
+        await gossip.topic_peers(a.topic)
+    assert len(opened) == 1 and opened[0][1].is_closing() and gossip._kept is None
+    for call in (gossip.topics(), gossip.publish(a.topic, b"late"), gossip.subscribe(a.topic)):
+        with pytest.raises(GossipError, match="closed"):
+            await call
+    assert len(opened) == 1
 
 
 async def test_a_pruned_payload_is_told_apart_from_one_never_held(nodes: list[Swarm]) -> None:

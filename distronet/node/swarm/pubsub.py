@@ -129,10 +129,25 @@ class Gossip:
         self._subs: set[Subscription] = set()
         self._kept: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         self._kept_lock = asyncio.Lock()
+        self._closed = False  # close() ran: calls raise GossipError and open nothing
 
     async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A new control connection. Raises GossipError when this client is closed, before or while
+        it opens (a connection opened after ``close`` would be left to the collector)."""
+        self._check_open()
+        reader, writer = await self._connect()
+        if self._closed:
+            writer.close()
+            self._check_open()
+        return reader, writer
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         path = self._host.control_path
         return await with_deadline(asyncio.open_unix_connection(path), self._timeout, "p2pd control connect")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise GossipError("the gossip client is closed")
 
     async def _ask(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ps: pb.PSRequest
@@ -204,6 +219,9 @@ class Gossip:
         _, reader, writer = await self._request(
             pb.PSRequest(type=pb.PSRequest.SUBSCRIBE, topic=topic), keep_open=True
         )
+        if self._closed:  # closed while p2pd answered: close() would never see this subscription
+            writer.close()
+            self._check_open()
         sub = Subscription(
             topic,
             reader,
@@ -227,7 +245,9 @@ class Gossip:
         return [peer_id(bytes(p)) for p in resp.pubsub.peerIDs]
 
     async def close(self) -> None:
-        """Close every subscription opened through this client, and the kept connection."""
+        """Close every subscription opened through this client, and the kept connection. Calls
+        from now on, and those still opening a connection, raise GossipError."""
+        self._closed = True
         self._drop_kept()
         subs, self._subs = self._subs, set()
         for sub in subs:

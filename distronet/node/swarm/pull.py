@@ -172,6 +172,7 @@ class Puller:
         ))  # fmt: skip
         self.streams_opened = 0  # pull streams this puller opened (reused ones counted once)
         self._idle: dict[bytes, list[tuple[float, asyncio.StreamReader, asyncio.StreamWriter]]] = {}
+        self._closed = False  # close() ran: a stream a pull in flight hands back is closed, not kept
 
     @classmethod
     async def create(
@@ -216,7 +217,9 @@ class Puller:
         )  # fmt: skip
 
     async def close(self) -> None:
-        """Close the idle pull streams and stop serving (nothing more when p2pd is already gone)."""
+        """Close the idle pull streams and stop serving (nothing more when p2pd is already gone). A
+        pull still in flight closes its stream when it ends."""
+        self._closed = True
         idle, self._idle = self._idle, {}
         for streams in idle.values():
             for _, _, writer in streams:
@@ -313,11 +316,12 @@ class Puller:
         return None
 
     def _put_idle(self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        streams = self._idle.setdefault(peer.to_bytes(), [])
-        if len(streams) >= _MAX_IDLE_PER_PEER:
+        streams = self._idle.get(peer.to_bytes(), [])
+        if self._closed or len(streams) >= _MAX_IDLE_PER_PEER:
             writer.close()
             return
         streams.append((time.monotonic(), reader, writer))
+        self._idle[peer.to_bytes()] = streams
 
     async def _ask(
         self,

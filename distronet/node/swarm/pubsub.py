@@ -136,9 +136,7 @@ class Gossip:
         it opens (a connection opened after ``close`` would be left to the collector)."""
         self._check_open()
         reader, writer = await self._connect()
-        if self._closed:
-            writer.close()
-            self._check_open()
+        self._close_if_closed(writer)
         return reader, writer
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -148,6 +146,12 @@ class Gossip:
     def _check_open(self) -> None:
         if self._closed:
             raise GossipError("the gossip client is closed")
+
+    def _close_if_closed(self, writer: asyncio.StreamWriter) -> None:
+        """Close ``writer`` and raise GossipError when ``close`` ran while it was being opened."""
+        if self._closed:
+            writer.close()
+            self._check_open()
 
     async def _ask(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ps: pb.PSRequest
@@ -219,9 +223,7 @@ class Gossip:
         _, reader, writer = await self._request(
             pb.PSRequest(type=pb.PSRequest.SUBSCRIBE, topic=topic), keep_open=True
         )
-        if self._closed:  # closed while p2pd answered: close() would never see this subscription
-            writer.close()
-            self._check_open()
+        self._close_if_closed(writer)  # closed while p2pd answered: close() never saw this subscription
         sub = Subscription(
             topic,
             reader,
